@@ -1,0 +1,243 @@
+"""Deployment spec: model, hardware, engine, and the instances of each serving role."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator.specs.errors import SpecError
+from simulator.specs.hardware import Dtype
+
+_SPEC = ConfigDict(frozen=True, extra="forbid")
+
+Role = Literal["prefill", "decode", "aggregated"]
+All2AllBackend = Literal[
+    "naive",
+    "pplx",
+    "deepep_high_throughput",
+    "deepep_low_latency",
+    "allgather_reducescatter",
+    "flashinfer_all2allv",
+]
+RouterPolicy = Literal["least_tokens", "least_requests", "round_robin"]
+
+DEFAULT_BACKEND: dict[str, All2AllBackend] = {
+    "prefill": "deepep_high_throughput",
+    "decode": "deepep_low_latency",
+    "aggregated": "allgather_reducescatter",
+}
+DEFAULT_ROUTER: dict[str, RouterPolicy] = {
+    "prefill": "least_tokens",
+    "decode": "least_requests",
+    "aggregated": "least_requests",
+}
+
+
+class Precision(BaseModel):
+    """Storage types of the weights and of the KV cache."""
+
+    model_config = _SPEC
+
+    weights: Dtype = "fp8"
+    """Weight dtype: bf16, fp8, or fp4 (NVFP4/MXFP4 MoE) (default fp8)."""
+    kv_cache: Literal["bf16", "fp8"] = "fp8"
+    """KV-cache dtype: bf16 or fp8 (default fp8)."""
+
+
+class Speculative(BaseModel):
+    """Speculative decoding with the model's own multi-token-prediction (MTP) layers."""
+
+    model_config = _SPEC
+
+    method: Literal["mtp"] = "mtp"
+    """Drafting method; only mtp (default mtp)."""
+    tokens: int = Field(1, ge=1)
+    """Draft tokens proposed per step (default 1)."""
+    acceptance: float = Field(0.7, ge=0, le=1)
+    """Probability that a draft token is accepted, in [0, 1] (default 0.7)."""
+
+
+class RoleSpec(BaseModel):
+    """The engine instances of one role (prefill, decode, or aggregated), all alike."""
+
+    model_config = _SPEC
+
+    instances: int = Field(1, ge=1)
+    """Engine instances of this role (default 1)."""
+    dep: int | None = Field(None, ge=1)
+    """Ranks per instance, attention data-parallel + MoE expert-parallel (DEP-N)."""
+    tp: int | None = Field(None, ge=1)
+    """Tensor-parallel ranks per instance instead of dep (dense / TP layouts); neither: tp=1."""
+    max_num_seqs: int = Field(256, ge=1)
+    """Most sequences in a batch, per rank (default 256)."""
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    """Most tokens in one engine step, per rank (default 8192)."""
+    redundant_experts: int = Field(0, ge=0)
+    """Extra expert slots per MoE layer placed by EPLB; needs dep (default 0)."""
+    speculative: Speculative | None = None
+    """Speculative decoding {method: mtp, tokens, acceptance}; null for none (default)."""
+    all2all_backend: All2AllBackend | None = None
+    """MoE all-to-all backend; null: deepep_high_throughput for prefill, deepep_low_latency for
+    decode, allgather_reducescatter for aggregated."""
+    router: RouterPolicy | None = None
+    """How requests pick an instance/rank; null: least_tokens for prefill, least_requests
+    otherwise."""
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Share of GPU memory the engine may use, in (0, 1] (default 0.9)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RoleSpec:
+        if self.dep is not None and self.tp is not None:
+            raise SpecError(f"dep={self.dep} and tp={self.tp} both given; give one of them")
+        if self.redundant_experts > 0 and self.dep is None:
+            raise SpecError(
+                f"redundant_experts={self.redundant_experts} needs expert parallelism; "
+                "give dep, or set redundant_experts to 0"
+            )
+        return self
+
+    @property
+    def ranks(self) -> int:
+        """GPUs per instance."""
+        return self.dep or self.tp or 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of all instances of this role."""
+        return self.instances * self.ranks
+
+    @property
+    def expert_parallel(self) -> bool:
+        """Whether MoE experts are split over the ranks (dep given)."""
+        return self.dep is not None
+
+    @property
+    def layout(self) -> str:
+        """Short name of one instance's layout: DEP8, TP4."""
+        return f"DEP{self.dep}" if self.dep is not None else f"TP{self.tp or 1}"
+
+    def backend(self, role: str) -> All2AllBackend:
+        """The all2all backend in effect for this role."""
+        return self.all2all_backend or DEFAULT_BACKEND[role]
+
+    def router_policy(self, role: str) -> RouterPolicy:
+        """The router policy in effect for this role."""
+        return self.router or DEFAULT_ROUTER[role]
+
+
+class Deployment(BaseModel):
+    """One serving deployment: what runs, on what, and how the roles are laid out."""
+
+    model_config = _SPEC
+
+    model: str
+    """Model preset name, or a path to a Hugging Face config.json (required)."""
+    hardware: str
+    """Hardware preset name, e.g. h200 (required)."""
+    engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    """Engine whose calibration tables price the steps: vllm, sglang or trtllm (default vllm)."""
+    engine_version: str | None = None
+    """Engine version that picks the calibration tables; null for the newest (default)."""
+    precision: Precision = Precision()
+    """Storage types {weights, kv_cache} (default fp8 / fp8)."""
+    gpus: int | None = Field(None, ge=1)
+    """Cluster size in GPUs; null for exactly what the roles use (default)."""
+    usd_per_gpu_hour: float | None = Field(None, ge=0)
+    """Price per GPU-hour; null for the hardware preset's price (default)."""
+    prefill: RoleSpec | None = None
+    """Prefill instances of a P/D-disaggregated layout (give with decode)."""
+    decode: RoleSpec | None = None
+    """Decode instances of a P/D-disaggregated layout (give with prefill)."""
+    aggregated: RoleSpec | None = None
+    """Instances that both prefill and decode, for a layout without P/D (instead of both)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Deployment:
+        pd = [r for r in ("prefill", "decode") if getattr(self, r) is not None]
+        if self.aggregated is not None and pd:
+            raise SpecError(
+                f"aggregated cannot be given with {' and '.join(pd)}; give prefill and decode "
+                "(P/D), or aggregated alone"
+            )
+        if self.aggregated is None and len(pd) != 2:
+            have = f"only {pd[0]} given" if pd else "no roles given"
+            raise SpecError(f"{have}; give prefill and decode (P/D), or aggregated alone")
+        used = self.gpus_used
+        if self.gpus is not None and self.gpus < used:
+            parts = ", ".join(
+                f"{name} {r.instances} x {r.layout} = {r.gpus}" for name, r in self.roles.items()
+            )
+            raise SpecError(f"roles use {used} GPUs ({parts}) but gpus={self.gpus}")
+        return self
+
+    @property
+    def roles(self) -> dict[str, RoleSpec]:
+        """The roles present, in the order prefill, decode, aggregated."""
+        named = (("prefill", self.prefill), ("decode", self.decode),
+                 ("aggregated", self.aggregated))
+        return {name: r for name, r in named if r is not None}
+
+    @property
+    def gpus_used(self) -> int:
+        """GPUs of all instances of all roles."""
+        return sum(r.gpus for r in self.roles.values())
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether prefill and decode run on separate instances."""
+        return self.aggregated is None
+
+
+class ModelLike(Protocol):
+    """What check_against_model needs of a model spec."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def n_routed_experts(self) -> int: ...
+    @property
+    def is_moe(self) -> bool: ...
+    @property
+    def mtp_layers(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+
+
+def check_against_model(deployment: Deployment, model: ModelLike) -> None:
+    """Raise SpecError where a role breaks one of vLLM's rules for this model."""
+    for name, role in deployment.roles.items():
+        error = _role_error(role, model)
+        if error:
+            raise SpecError(f"{name}: {error}")
+
+
+def _role_error(role: RoleSpec, model: ModelLike) -> str | None:
+    """The first rule of vLLM this role breaks for this model, as a clause; None if none."""
+    r = role.redundant_experts
+    if r > 0 and not model.is_moe:
+        return f"redundant_experts={r} needs an MoE model but {model.name} is dense; use 0"
+    if model.is_moe and role.dep is not None:
+        e, n = model.n_routed_experts, role.dep
+        if (e + r) % n:
+            fix = r + (-(e + r)) % n
+            return (
+                f"dep={n} must divide routed+redundant experts ({e}+{r}={e + r}); "
+                f"e.g. redundant_experts={fix} ({e + fix} = {n} x {(e + fix) // n})"
+            )
+    spec = role.speculative
+    if spec is not None:
+        k, m = spec.tokens, model.mtp_layers
+        if m == 0:
+            return f"speculative method {spec.method!r} needs MTP layers but {model.name} has none"
+        if k > m and k % m:
+            return f"speculative tokens={k} above the {m} MTP layers must be a multiple of {m}"
+    if role.tp is not None:
+        tp, heads, kv = role.tp, model.num_attention_heads, model.num_kv_heads
+        if heads % tp:
+            return f"tp={tp} must divide the {heads} attention heads of {model.name}"
+        if kv % tp and tp % kv:
+            return f"tp={tp} and the {kv} KV heads of {model.name} must divide one another"
+    return None

@@ -1,0 +1,103 @@
+"""Accelerator presets: peak rates, memory, and the scale-up / scale-out network."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.specs.errors import SpecError
+
+Dtype = Literal["bf16", "fp8", "fp4"]
+DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+"""Bytes per element as stored; fp4 counts its block scales (NVFP4: one fp8 scale per 16)."""
+
+
+class HardwareSpec(BaseModel):
+    """One accelerator kind and the network it sits in."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    """Preset name, e.g. h200."""
+    system: str | None
+    """aiconfigurator-core system whose measured tables price this hardware (None: none ship)."""
+    peak_tflops: dict[str, float]
+    """Dense tensor-core peak per dtype in TFLOP/s (bf16, fp8, fp4 where supported)."""
+    hbm_gb: float = Field(gt=0)
+    """Device memory in GB (1e9 bytes)."""
+    hbm_tb_s: float = Field(gt=0)
+    """Device memory bandwidth in TB/s."""
+    scaleup_domain: int = Field(ge=1)
+    """GPUs in one scale-up (NVLink) domain: 8 for an HGX node, 72 for an NVL72 rack."""
+    scaleup_gb_s: float = Field(gt=0)
+    """Scale-up bandwidth per GPU, one direction, GB/s."""
+    nic_gb_s: float = Field(gt=0)
+    """Scale-out bandwidth per GPU, one direction, GB/s."""
+    usd_per_gpu_hour: float = Field(ge=0)
+    """Price per GPU-hour used for $ per million tokens (a default to override)."""
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for a dtype; a dtype the hardware lacks runs at the best it has below it."""
+        for d in (dtype, "fp8", "bf16"):
+            if d in self.peak_tflops:
+                return self.peak_tflops[d] * 1e12
+        raise SpecError(f"hardware {self.name!r} has no peak rate for {dtype!r}")
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gb * 1e9
+
+    @property
+    def hbm_bytes_s(self) -> float:
+        return self.hbm_tb_s * 1e12
+
+
+# Datasheet figures (dense, per GPU). Prices are typical 2026 cloud list prices, a default only.
+HARDWARE: dict[str, HardwareSpec] = {
+    h.name: h
+    for h in [
+        HardwareSpec(name="h100", system="h100_sxm", peak_tflops={"bf16": 989, "fp8": 1979},
+                     hbm_gb=85.9, hbm_tb_s=3.35, scaleup_domain=8, scaleup_gb_s=450,
+                     nic_gb_s=50, usd_per_gpu_hour=2.5),
+        HardwareSpec(name="h200", system="h200_sxm", peak_tflops={"bf16": 989, "fp8": 1979},
+                     hbm_gb=151.4, hbm_tb_s=4.8, scaleup_domain=8, scaleup_gb_s=450,
+                     nic_gb_s=50, usd_per_gpu_hour=3.5),
+        HardwareSpec(name="b200", system="b200_sxm",
+                     peak_tflops={"bf16": 2250, "fp8": 4500, "fp4": 9000},
+                     hbm_gb=193.3, hbm_tb_s=7.7, scaleup_domain=8, scaleup_gb_s=900,
+                     nic_gb_s=100, usd_per_gpu_hour=5.0),
+        HardwareSpec(name="b300", system="b300_sxm",
+                     peak_tflops={"bf16": 2250, "fp8": 4500, "fp4": 14000},
+                     hbm_gb=288.4, hbm_tb_s=7.75, scaleup_domain=8, scaleup_gb_s=900,
+                     nic_gb_s=100, usd_per_gpu_hour=6.0),
+        HardwareSpec(name="gb200", system="gb200",
+                     peak_tflops={"bf16": 2500, "fp8": 5000, "fp4": 10000},
+                     hbm_gb=198.7, hbm_tb_s=8.0, scaleup_domain=72, scaleup_gb_s=900,
+                     nic_gb_s=100, usd_per_gpu_hour=6.0),
+        HardwareSpec(name="gb300", system="gb300",
+                     peak_tflops={"bf16": 2500, "fp8": 5000, "fp4": 15000},
+                     hbm_gb=298.0, hbm_tb_s=8.0, scaleup_domain=72, scaleup_gb_s=900,
+                     nic_gb_s=100, usd_per_gpu_hour=7.0),
+        # This project's CPU machine kind (2 cores with AMX): a rough placeholder until
+        # `rackplan calibrate --device cpu` measures it.
+        HardwareSpec(name="cpu", system=None, peak_tflops={"bf16": 1.0},
+                     hbm_gb=24.0, hbm_tb_s=0.02, scaleup_domain=1, scaleup_gb_s=10,
+                     nic_gb_s=1.25, usd_per_gpu_hour=0.1),
+    ]
+}
+
+
+def load_hardware(name: str, usd_per_gpu_hour: float | None = None) -> HardwareSpec:
+    """A hardware preset by name, with an optional price override."""
+    try:
+        spec = HARDWARE[name.lower()]
+    except KeyError:
+        raise SpecError(
+            f"unknown hardware {name!r}; valid: {', '.join(HARDWARE)}"
+        ) from None
+    if usd_per_gpu_hour is not None:
+        if usd_per_gpu_hour < 0:
+            raise SpecError(f"usd_per_gpu_hour={usd_per_gpu_hour} must be >= 0")
+        spec = spec.model_copy(update={"usd_per_gpu_hour": usd_per_gpu_hour})
+    return spec

@@ -1,0 +1,216 @@
+"""Workload spec: how requests arrive, how long they are, and which mode the engine runs in."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator.specs.errors import SpecError
+
+_SPEC = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- arrivals -------------------------------------------------------------------------------
+
+
+class ClosedArrival(BaseModel):
+    """Closed loop: a fixed number of users, each sends its next request when the last ends."""
+
+    model_config = _SPEC
+
+    kind: Literal["closed"] = "closed"
+    """Closed-loop arrival."""
+    concurrency: int = Field(ge=1)
+    """Requests in flight at all times (required)."""
+
+
+class PoissonArrival(BaseModel):
+    """Open loop: exponential inter-arrival times at a mean rate."""
+
+    model_config = _SPEC
+
+    kind: Literal["poisson"] = "poisson"
+    """Poisson arrival."""
+    rate: float = Field(gt=0)
+    """Mean requests per second (required)."""
+
+    def inter_arrivals(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n gaps between arrivals in seconds."""
+        return rng.exponential(1.0 / self.rate, n)
+
+
+class BurstyArrival(BaseModel):
+    """Open loop: gamma inter-arrival times, shape 1/burstiness, at a mean rate."""
+
+    model_config = _SPEC
+
+    kind: Literal["bursty"] = "bursty"
+    """Bursty (gamma) arrival."""
+    rate: float = Field(gt=0)
+    """Mean requests per second (required)."""
+    burstiness: float = Field(4.0, gt=0)
+    """Squared coefficient of variation of the gaps: 1 is Poisson, more is burstier (default 4)."""
+
+    def inter_arrivals(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n gaps between arrivals in seconds, mean 1/rate."""
+        shape = 1.0 / self.burstiness
+        return rng.gamma(shape, 1.0 / (self.rate * shape), n)
+
+
+class TraceArrival(BaseModel):
+    """Replay of a recorded trace (arrival times and lengths come from the file)."""
+
+    model_config = _SPEC
+
+    kind: Literal["trace"] = "trace"
+    """Trace replay."""
+    path: str = Field(min_length=1)
+    """Trace file to replay (required); read by the simulator, not by this spec."""
+    time_scale: float = Field(1.0, gt=0)
+    """Multiplies the trace's timestamps: 0.5 replays twice as fast (default 1.0)."""
+
+
+Arrival = Annotated[
+    ClosedArrival | PoissonArrival | BurstyArrival | TraceArrival, Field(discriminator="kind")
+]
+
+
+# --- length distributions -------------------------------------------------------------------
+
+
+class FixedLength(BaseModel):
+    """Every request has the same length."""
+
+    model_config = _SPEC
+
+    kind: Literal["fixed"] = "fixed"
+    """Fixed length."""
+    value: int = Field(ge=1)
+    """Tokens per request (required)."""
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n lengths (int64)."""
+        return np.full(n, self.value, dtype=np.int64)
+
+    @property
+    def mean(self) -> float:
+        return float(self.value)
+
+
+class UniformLength(BaseModel):
+    """Lengths drawn uniformly from low to high, both included."""
+
+    model_config = _SPEC
+
+    kind: Literal["uniform"] = "uniform"
+    """Uniform length."""
+    low: int = Field(ge=1)
+    """Shortest length in tokens (required)."""
+    high: int = Field(ge=1)
+    """Longest length in tokens, >= low (required)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> UniformLength:
+        if self.high < self.low:
+            raise SpecError(f"high={self.high} must be >= low={self.low}")
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n lengths (int64) in [low, high]."""
+        return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
+
+    @property
+    def mean(self) -> float:
+        return (self.low + self.high) / 2.0
+
+
+class LognormalLength(BaseModel):
+    """Log-normal lengths, rounded and clipped to [1, max]."""
+
+    model_config = _SPEC
+
+    kind: Literal["lognormal"] = "lognormal"
+    """Log-normal length."""
+    median: float = Field(gt=0)
+    """Median length in tokens (required)."""
+    sigma: float = Field(1.0, ge=0)
+    """Standard deviation of the log of the length (default 1.0)."""
+    max: int = Field(131072, ge=1)
+    """Longest length in tokens; longer draws are clipped to it (default 131072)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LognormalLength:
+        if self.median > self.max:
+            raise SpecError(f"median={self.median:g} must be <= max={self.max}")
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n lengths (int64) in [1, max]."""
+        x = np.rint(rng.lognormal(math.log(self.median), self.sigma, n))
+        return np.clip(x, 1, self.max).astype(np.int64)
+
+    @property
+    def mean(self) -> float:
+        """Mean of the clipped distribution (rounding ignored)."""
+        mu, s, m = math.log(self.median), self.sigma, float(self.max)
+        if s == 0:
+            return min(self.median, m)
+        z = (math.log(m) - mu) / s
+        below = math.exp(mu + s * s / 2) * _phi(z - s)
+        return max(1.0, below + m * (1.0 - _phi(z)))
+
+
+def _phi(x: float) -> float:
+    """Standard normal CDF."""
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+Length = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="kind")]
+
+
+# --- workload -------------------------------------------------------------------------------
+
+
+class Sessions(BaseModel):
+    """Agentic multi-turn traffic: each turn's input holds the whole previous context."""
+
+    model_config = _SPEC
+
+    turns: int = Field(ge=1)
+    """Requests per session (required); a turn's input is the previous turns plus new input."""
+    think_time_s: float = Field(0.0, ge=0)
+    """Seconds between a turn's last token and the next turn's arrival (default 0)."""
+
+
+class Workload(BaseModel):
+    """The traffic a deployment serves in one simulation or benchmark."""
+
+    model_config = _SPEC
+
+    arrival: Arrival = ClosedArrival(concurrency=2048)
+    """How requests arrive: closed, poisson, bursty or trace (default closed, concurrency 2048)."""
+    requests: int = Field(4000, ge=1)
+    """Requests to send in all, each session turn counting as one (default 4000)."""
+    input_tokens: Length = FixedLength(value=2000)
+    """Input (prompt) length: fixed, uniform or lognormal (default fixed 2000)."""
+    output_tokens: Length = FixedLength(value=1000)
+    """Output length: fixed, uniform or lognormal (default fixed 1000)."""
+    prefix_hit_rate: float = Field(0.0, ge=0, lt=1)
+    """Share of input tokens served from the prefix cache, in [0, 1) (default 0)."""
+    sessions: Sessions | None = None
+    """Multi-turn sessions {turns, think_time_s}; null sends independent requests (default)."""
+    mode: Literal["serve", "prefill_only", "decode_only"] = "serve"
+    """serve end to end, or bench one role alone: prefill_only or decode_only (default serve)."""
+    context_tokens: int = Field(2000, ge=1)
+    """decode_only: KV-cache length per request in tokens (default 2000)."""
+    seed: int = Field(0, ge=0)
+    """Seed of every random draw of the run (default 0)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        if self.sessions is not None and self.mode != "serve":
+            raise SpecError(f"sessions need mode 'serve', not mode={self.mode!r}")
+        return self

@@ -1,0 +1,114 @@
+"""Interpolation over measured kernel latencies, normalised by a roofline.
+
+A table is a set of measured points over numeric axes (for example GEMM m, n, k). Rather than
+interpolating latency directly, we interpolate the *efficiency* (roofline time / measured time)
+multilinearly in log-axis space, then divide the query's own roofline time by it. That keeps
+power laws straight, transfers the nearest measured efficiency to shapes outside the measured range,
+and gives back a measured point exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+MEASURED, INTERPOLATED, EXTRAPOLATED, ROOFLINE = 0, 1, 2, 3
+SOURCES = ("measured", "interpolated", "extrapolated", "roofline")
+"""Provenance of a price, best first; an array of codes indexes this tuple."""
+
+
+def worst(codes: np.ndarray | int) -> str:
+    """The least trustworthy provenance among several prices."""
+    return SOURCES[int(np.max(codes))]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Measured latencies on a (possibly sparse) regular grid over numeric axes."""
+
+    axes: tuple[np.ndarray, ...]
+    """Sorted distinct values per axis."""
+    latency: np.ndarray
+    """Measured ms per grid cell; NaN where nothing was measured."""
+    log_eff: np.ndarray
+    """log(roofline ms / measured ms) per cell; NaN where nothing was measured."""
+    tree: cKDTree
+    """Measured cells in log-axis space, for nearest-point fallback."""
+    cells: tuple[np.ndarray, ...]
+    """Grid indices of the measured cells, aligned with the tree's points."""
+
+    @classmethod
+    def build(cls, points: np.ndarray, latency: np.ndarray, roofline: np.ndarray) -> Grid:
+        """From measured points (N x d), their latency and their roofline time (both in ms).
+
+        Where a cell was measured more than once (several kernels), the fastest counts: the engine
+        picks its best kernel.
+        """
+        points = np.asarray(points, dtype=float)
+        axes = tuple(np.unique(points[:, j]) for j in range(points.shape[1]))
+        idx = tuple(np.searchsorted(ax, points[:, j]) for j, ax in enumerate(axes))
+        lat = np.full(tuple(len(a) for a in axes), np.inf)
+        np.minimum.at(lat, idx, latency)
+        eff = np.full(lat.shape, np.inf)
+        np.minimum.at(eff, idx, latency / roofline)  # ms per roofline ms, fastest kernel wins
+        lat[np.isinf(lat)] = np.nan
+        log_eff = -np.log(np.where(np.isinf(eff), np.nan, eff))
+        cells = np.nonzero(~np.isnan(lat))
+        coords = np.stack([np.log(axes[j][c]) for j, c in enumerate(cells)], axis=1)
+        return cls(axes, lat, log_eff, cKDTree(coords), cells)
+
+    def query(self, points: np.ndarray, roofline: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Latency (ms) and provenance code for each query point (Q x d)."""
+        points = np.atleast_2d(np.asarray(points, dtype=float))
+        roofline = np.broadcast_to(np.asarray(roofline, dtype=float), (points.shape[0],))
+        q, d = points.shape
+        lo = np.empty((q, d), dtype=np.intp)
+        hi = np.empty((q, d), dtype=np.intp)
+        t = np.empty((q, d))
+        outside = np.zeros(q, dtype=bool)
+        for j, ax in enumerate(self.axes):
+            x = np.log(points[:, j])
+            la = np.log(ax)
+            if len(ax) == 1:
+                lo[:, j] = hi[:, j] = 0
+                t[:, j] = 0.0
+                outside |= ~np.isclose(x, la[0], rtol=0, atol=1e-9)
+                continue
+            h = np.clip(np.searchsorted(la, x), 1, len(ax) - 1)
+            lo[:, j], hi[:, j] = h - 1, h
+            tj = (x - la[h - 1]) / (la[h] - la[h - 1])
+            outside |= (tj < -1e-9) | (tj > 1 + 1e-9)
+            t[:, j] = np.clip(tj, 0.0, 1.0)
+        acc = np.zeros(q)
+        wsum = np.zeros(q)
+        for corner in product((0, 1), repeat=d):
+            idx = tuple(np.where(c, hi[:, j], lo[:, j]) for j, c in enumerate(corner))
+            w = np.prod([np.where(c, t[:, j], 1 - t[:, j]) for j, c in enumerate(corner)], axis=0)
+            v = self.log_eff[idx]
+            ok = ~np.isnan(v) & (w > 0)
+            acc += np.where(ok, w * np.nan_to_num(v), 0.0)
+            wsum += np.where(ok, w, 0.0)
+        code = np.where(outside, EXTRAPOLATED, INTERPOLATED)
+        log_eff = np.empty(q)
+        have = wsum > 1e-12
+        log_eff[have] = acc[have] / wsum[have]
+        if (~have).any():  # no measured corner: nearest measured cell in log space
+            _, nearest = self.tree.query(np.log(points[~have]))
+            cell = tuple(c[nearest] for c in self.cells)
+            log_eff[~have] = self.log_eff[cell]
+            code[~have] = EXTRAPOLATED
+        ms = roofline / np.exp(log_eff)
+        # A measured point comes back exactly, not through the efficiency round trip.
+        on_node = (~outside) & np.all((t < 1e-12) | (t > 1 - 1e-12), axis=1)
+        if on_node.any():
+            node = tuple(np.where(t[on_node, j] > 0.5, hi[on_node, j], lo[on_node, j])
+                         for j in range(d))
+            exact = self.latency[node]
+            got = ~np.isnan(exact)
+            sel = np.flatnonzero(on_node)[got]
+            ms[sel] = exact[got]
+            code[sel] = MEASURED
+        return ms, code

@@ -1,0 +1,86 @@
+"""Roofline times (ms) per operation: max(FLOPs / peak, bytes / bandwidth).
+
+They normalise measured tables (efficiency = roofline / measured) and price what no table covers.
+Every function is vectorised over its array arguments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec
+
+ArrayLike = np.ndarray | float | int
+
+
+def _ms(hw: HardwareSpec, flops: ArrayLike, nbytes: ArrayLike, dtype: str) -> np.ndarray:
+    return np.maximum(np.asarray(flops) / hw.peak_flops(dtype),
+                      np.asarray(nbytes) / hw.hbm_bytes_s) * 1e3
+
+
+def gemm(hw: HardwareSpec, m: ArrayLike, n: ArrayLike, k: ArrayLike, dtype: str) -> np.ndarray:
+    """y[m, n] = x[m, k] @ w[k, n]; bf16 activations out."""
+    m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
+    wb = DTYPE_BYTES[dtype]
+    return _ms(hw, 2 * m * n * k, (m * k + n * k) * wb + 2 * m * n, dtype)
+
+
+def moe(hw: HardwareSpec, tokens: ArrayLike, hidden: ArrayLike, inter: ArrayLike, topk: ArrayLike,
+        experts: ArrayLike, ep: ArrayLike, dtype: str, tp: ArrayLike = 1) -> np.ndarray:
+    """Grouped GEMM of one rank; `tokens` counts tokens over the whole EP group (balanced);
+    experts are split over `ep` ranks and each expert's intermediate size over `tp` ranks."""
+    tokens, ep = np.asarray(tokens, dtype=float), np.asarray(ep, dtype=float)
+    inter = np.asarray(inter, dtype=float) / np.asarray(tp, dtype=float)
+    local = experts / ep
+    assigned = tokens * topk / ep
+    touched = local * (1 - np.exp(-assigned / local))  # expected experts that get a token
+    flops = 2 * assigned * 3 * hidden * inter
+    nbytes = touched * 3 * hidden * inter * DTYPE_BYTES[dtype] + assigned * hidden * 2 * 2
+    return _ms(hw, flops, nbytes, dtype)
+
+
+def attention_generation(hw: HardwareSpec, batch: ArrayLike, context: ArrayLike, heads: int,
+                         kv_heads: int, head_dim: int, kv_dtype: str) -> np.ndarray:
+    """One decode token per request against `context` cached tokens (GQA kernel only)."""
+    batch, context = np.asarray(batch, dtype=float), np.asarray(context, dtype=float)
+    flops = 4 * batch * heads * head_dim * context
+    nbytes = batch * context * 2 * kv_heads * head_dim * DTYPE_BYTES[kv_dtype]
+    return _ms(hw, flops, nbytes, "bf16")
+
+
+def attention_context(hw: HardwareSpec, batch: ArrayLike, isl: ArrayLike, heads: int,
+                      kv_heads: int, head_dim: int, kv_dtype: str) -> np.ndarray:
+    """Causal prefill attention of `isl` new tokens per request (GQA kernel only)."""
+    batch, isl = np.asarray(batch, dtype=float), np.asarray(isl, dtype=float)
+    flops = 2 * batch * heads * head_dim * isl * isl  # causal: half of 4 * s^2
+    nbytes = batch * isl * (2 * heads + 2 * kv_heads) * head_dim * 2
+    return _ms(hw, flops, nbytes, "bf16")
+
+
+def mla_module(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, context: ArrayLike, heads: int,
+               proj_params_per_head: float, shared_params: float, latent: int, rope: int,
+               weights: str, kv_dtype: str) -> np.ndarray:
+    """A whole MLA attention block: projections plus latent attention.
+
+    `new` tokens per request attend to `context` tokens (prefill: new == context, causal).
+    Projection weights are `shared_params + heads * proj_params_per_head`.
+    """
+    batch, new, context = (np.asarray(v, dtype=float) for v in (batch, new, context))
+    params = shared_params + heads * proj_params_per_head
+    tokens = batch * new
+    core = 2 * heads * (2 * latent + rope) * np.where(new > 1, context / 2, context)
+    flops = 2 * tokens * params + tokens * core
+    nbytes = params * DTYPE_BYTES[weights] + batch * context * (latent + rope) * DTYPE_BYTES[
+        kv_dtype] + tokens * heads * 128 * 2 * 2
+    return _ms(hw, flops, nbytes, weights)
+
+
+def transfer(nbytes: ArrayLike, gb_s: float, latency_us: float = 10.0) -> np.ndarray:
+    """Moving bytes over a link of `gb_s` GB/s with a fixed start-up latency."""
+    return np.asarray(nbytes, dtype=float) / (gb_s * 1e9) * 1e3 + latency_us * 1e-3
+
+
+def allreduce(nbytes: ArrayLike, gpus: ArrayLike, gb_s: float) -> np.ndarray:
+    """Ring all-reduce: each GPU sends and receives 2 (n-1)/n of the message."""
+    n = np.maximum(np.asarray(gpus, dtype=float), 1.0)
+    return transfer(2 * (n - 1) / n * np.asarray(nbytes, dtype=float), gb_s)

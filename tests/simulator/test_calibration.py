@@ -1,0 +1,100 @@
+"""The calibration layer: measured points exact, interpolation bounded, provenance honest."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.calibration import Grid, load_calibration
+from simulator.calibration.tables import DSV3_MLA, aic_system_dir
+from simulator.specs.errors import SpecError
+from simulator.specs.hardware import load_hardware
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_calibration(load_hardware("h200"), "vllm")
+
+
+@pytest.fixture(scope="module")
+def gemm_rows():
+    path = aic_system_dir("h200_sxm") / "gemm" / "vllm" / "0.24.0" / "gemm_perf.parquet"
+    df = pd.read_parquet(path)
+    return df[df.gemm_dtype == "bfloat16"]
+
+
+def test_load_is_shared_per_hardware_and_engine():
+    hw = load_hardware("h200")
+    assert load_calibration(hw, "vllm") is load_calibration(hw, "vllm")
+    assert load_calibration(hw, "vllm") is not load_calibration(hw, "sglang")
+
+
+def test_unknown_engine_is_refused():
+    with pytest.raises(SpecError, match="engine='tgi'"):
+        load_calibration(load_hardware("h200"), "tgi")
+
+
+def test_measured_gemm_point_comes_back_exactly(h200, gemm_rows):
+    row = gemm_rows[(gemm_rows.n == 7168) & (gemm_rows.k == 2048)].iloc[10]
+    got = h200.gemm(float(row.m), 7168, 2048, "bf16")
+    assert got.ms[0] == row.latency
+    assert got.source == "measured"
+    assert got.table == "h200_sxm/gemm/vllm/0.24.0"
+
+
+def test_interpolated_gemm_lies_between_its_neighbours(h200, gemm_rows):
+    rows = gemm_rows[(gemm_rows.n == 7168) & (gemm_rows.k == 2048)].sort_values("m")
+    lo, hi = rows[rows.m == 256].latency.min(), rows[rows.m == 512].latency.min()
+    got = h200.gemm(384.0, 7168, 2048, "bf16")
+    assert got.source == "interpolated"
+    assert min(lo, hi) <= got.ms[0] <= max(lo, hi)
+
+
+def test_outside_the_measured_range_is_extrapolated(h200, gemm_rows):
+    beyond = float(gemm_rows.m.max()) * 4
+    got = h200.gemm(beyond, 7168, 2048, "bf16")
+    assert got.source == "extrapolated"
+    inside = h200.gemm(float(gemm_rows.m.max()), 7168, 2048, "bf16")
+    assert got.ms[0] > inside.ms[0]
+
+
+def test_no_table_means_roofline():
+    cal = load_calibration(load_hardware("cpu"), "vllm")
+    got = cal.gemm(64.0, 1024, 1024, "bf16")
+    assert got.source == "roofline"
+    assert got.table == "roofline"
+    assert np.isfinite(got.ms).all() and (got.ms > 0).all()
+
+
+def test_moe_is_measured_for_deepseek_shape_and_grows_with_tokens(h200):
+    got = h200.moe(np.array([256.0, 1024.0, 4096.0]), 7168, 2048, 8, 256, 8, "fp8")
+    assert got.source in ("measured", "interpolated")
+    assert np.all(np.diff(got.ms) > 0)
+
+
+def test_mla_decode_module_grows_with_context(h200):
+    short = h200.mla_generation(128.0, 1024.0, 128, DSV3_MLA, "fp8", "fp8")
+    long = h200.mla_generation(128.0, 16384.0, 128, DSV3_MLA, "fp8", "fp8")
+    assert short.source == "measured"
+    assert long.ms[0] > short.ms[0]
+
+
+def test_all_to_all_table_is_in_ms(h200):
+    got = h200.all_to_all(128.0, 7168, 8, 256, 8, "dispatch", True, 450.0)
+    assert 0.001 < got.ms[0] < 5.0
+
+
+def test_grid_is_exact_on_nodes_and_log_linear_between():
+    m = np.array([1.0, 4.0, 16.0])
+    lat = np.array([1.0, 2.0, 8.0])
+    grid = Grid.build(m[:, None], lat, np.ones(3))
+    ms, codes = grid.query(np.array([[4.0], [2.0], [64.0]]), np.ones(3))
+    assert ms[0] == 2.0 and codes[0] == 0
+    assert ms[1] == pytest.approx(np.sqrt(2.0)) and codes[1] == 1  # geometric mean of 1 and 2
+    assert ms[2] == pytest.approx(8.0) and codes[2] == 2  # nearest efficiency, same roofline
+
+
+def test_grid_keeps_the_fastest_kernel_per_point():
+    pts = np.array([[8.0], [8.0], [16.0]])
+    grid = Grid.build(pts, np.array([3.0, 2.0, 5.0]), np.ones(3))
+    ms, _ = grid.query(np.array([[8.0]]), np.ones(1))
+    assert ms[0] == 2.0

@@ -1,0 +1,97 @@
+"""Memory per rank: weights, redundant experts, reserves, and the KV pool that is left."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.specs.deployment import RoleSpec
+from simulator.specs.errors import SpecError
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.model import ModelSpec
+
+RESERVE_GB = 3.5
+"""CUDA graphs, NCCL/DeepEP buffers and allocator slack per rank (vLLM's own headroom, in GB)."""
+ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 20
+"""Peak activation bytes per batched token per hidden unit (bf16 residual, norms, MoE buffers)."""
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Where one rank's memory goes, in bytes."""
+
+    budget: float
+    """HBM x gpu_memory_utilization."""
+    weights: float
+    """Weights held by this rank, redundant expert replicas included."""
+    redundant_experts: float
+    """The part of `weights` that the redundant expert replicas take."""
+    activations: float
+    """Peak activations for max_num_batched_tokens."""
+    reserve: float
+    """Fixed runtime reserve."""
+    kv_bytes_per_token: float
+    """KV bytes one cached token takes on this rank."""
+
+    @property
+    def kv_pool(self) -> float:
+        return self.budget - self.weights - self.activations - self.reserve
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of KV cache this rank can hold."""
+        return max(int(self.kv_pool // self.kv_bytes_per_token), 0)
+
+
+def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weights: str,
+                kv_cache: str) -> RankMemory:
+    """Memory of one rank of an instance.
+
+    DEP: attention, dense and shared weights are replicated on every rank; each rank holds
+    (routed + redundant) / dep experts per MoE layer. TP: every weight is split over the ranks.
+    """
+    wb = model.weight_bytes(weights)
+    experts_total = wb["routed_experts"]
+    replicated = sum(v for k, v in wb.items() if k != "routed_experts")
+    redundant = 0.0
+    if role.dep is not None and model.is_moe:
+        per_expert = experts_total / model.n_routed_experts
+        slots = (model.n_routed_experts + role.redundant_experts) / role.dep
+        held = replicated + slots * per_expert
+        redundant = role.redundant_experts / role.dep * per_expert
+        kv_split = 1
+    else:
+        held = (replicated + experts_total) / role.ranks
+        kv_split = role.tp or 1
+    # MLA's latent cache is not split by TP (every rank keeps all of it); GQA heads are.
+    kv = model.kv_bytes_per_token(kv_cache)
+    if model.attention == "gqa" and kv_split > 1:
+        kv /= min(kv_split, model.num_kv_heads)
+    return RankMemory(
+        budget=hardware.hbm_bytes * role.gpu_memory_utilization,
+        weights=held,
+        redundant_experts=redundant,
+        activations=float(ACTIVATION_BYTES_PER_TOKEN_HIDDEN * role.max_num_batched_tokens
+                          * model.hidden),
+        reserve=RESERVE_GB * 1e9 * (hardware.hbm_gb / 80.0 if hardware.name == "cpu" else 1.0),
+        kv_bytes_per_token=kv,
+    )
+
+
+def check_memory(name: str, model: ModelSpec, hardware: HardwareSpec, role: RoleSpec,
+                 weights: str, kv_cache: str, min_kv_tokens: int | None = None) -> RankMemory:
+    """The rank's memory, or a SpecError with the numbers when it does not fit.
+
+    The KV pool must hold at least `min_kv_tokens` (default: one max_num_batched_tokens chunk).
+    """
+    mem = rank_memory(model, hardware, role, weights, kv_cache)
+    need = min_kv_tokens if min_kv_tokens is not None else role.max_num_batched_tokens
+    if mem.kv_tokens < need:
+        gb = 1e9
+        raise SpecError(
+            f"{name}: {model.name} does not fit {role.layout} on {hardware.name}: per rank "
+            f"{mem.weights / gb:.1f} GB weights (incl. {mem.redundant_experts / gb:.1f} GB "
+            f"redundant experts) + {mem.activations / gb:.1f} GB activations + "
+            f"{mem.reserve / gb:.1f} GB reserve leaves {max(mem.kv_pool, 0) / gb:.1f} GB for KV "
+            f"({mem.kv_tokens} tokens) of {mem.budget / gb:.1f} GB usable, but at least {need} "
+            f"tokens are needed; use a larger dep/tp, fewer redundant experts, or fp8/fp4 weights")
+    return mem

@@ -1,0 +1,310 @@
+"""Step time of one engine step of one instance, composed per layer from priced operations.
+
+`step_time(instance, batch, calibration)` is pure: the calibration tables are loaded outside and
+passed in. All DP ranks of an instance step in lock-step, so attention and dense work cost what the
+slowest rank costs, and the MoE costs what the most-loaded EP rank costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.calibration import Calibration, Priced
+from simulator.calibration.grid import SOURCES
+from simulator.specs.deployment import RoleSpec
+from simulator.specs.hardware import HardwareSpec
+from simulator.specs.model import ModelSpec
+
+CATEGORIES = ("attention", "moe", "communication", "dense", "other")
+"""Breakdown of a step; they sum to the total."""
+
+STEP_OVERHEAD_MS = {"gpu": 1.0, "cpu": 5.0}
+"""Fixed per-step cost (scheduling, input preparation, sampling launch) when none is measured."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    """Everything the cost model needs about one engine instance (plain data)."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    role: str
+    """prefill, decode or aggregated."""
+    ranks: int
+    """GPUs of the instance."""
+    expert_parallel: bool
+    """DEP: attention data-parallel and MoE expert-parallel over the ranks; else TP."""
+    weights: str = "fp8"
+    kv_cache: str = "fp8"
+    redundant_experts: int = 0
+    spec_tokens: int = 0
+    """MTP draft tokens per step (0: no speculative decoding)."""
+    spec_acceptance: float = 0.0
+    a2a_gb_s: float = 0.0
+    """Per-GPU all-to-all bandwidth inside the instance (from the topology); 0: scale-up."""
+    low_latency_a2a: bool = True
+    """DeepEP low-latency kernels (decode) or high-throughput ones (prefill)."""
+    overhead_ms: float | None = None
+    """Fixed per-step overhead; None: the default for the hardware kind."""
+
+    @property
+    def tp(self) -> int:
+        return 1 if self.expert_parallel else self.ranks
+
+    @property
+    def dp(self) -> int:
+        return self.ranks if self.expert_parallel else 1
+
+    @property
+    def ep(self) -> int:
+        return self.ranks if self.expert_parallel and self.model.is_moe else 1
+
+    @property
+    def a2a_bandwidth(self) -> float:
+        """GB/s per GPU for the all-to-all (the scale-up bandwidth when the topology gave none)."""
+        return self.a2a_gb_s or self.hardware.scaleup_gb_s
+
+    @property
+    def step_overhead_ms(self) -> float:
+        if self.overhead_ms is not None:
+            return self.overhead_ms
+        return STEP_OVERHEAD_MS["cpu" if self.hardware.name == "cpu" else "gpu"]
+
+
+def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str, role: RoleSpec,
+                       weights: str, kv_cache: str, a2a_gb_s: float = 0.0,
+                       overhead_ms: float | None = None) -> Instance:
+    """The cost-model view of one instance of a deployment role."""
+    spec = role.speculative
+    return Instance(
+        model=model, hardware=hardware, role=role_name, ranks=role.ranks,
+        expert_parallel=role.dep is not None, weights=weights, kv_cache=kv_cache,
+        redundant_experts=role.redundant_experts,
+        spec_tokens=spec.tokens if spec else 0, spec_acceptance=spec.acceptance if spec else 0.0,
+        a2a_gb_s=a2a_gb_s,
+        low_latency_a2a=role.backend(role_name) == "deepep_low_latency",
+        overhead_ms=overhead_ms)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The work of one step on each DP rank (every array has one entry per rank)."""
+
+    decode_requests: np.ndarray
+    """Requests generating tokens this step."""
+    decode_context: np.ndarray
+    """Mean KV length of those requests."""
+    prefill_tokens: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    """New prompt tokens computed this step (one chunk per request)."""
+    prefill_requests: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    """Requests those prompt tokens belong to."""
+    prefill_context: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    """Mean tokens already cached for them before this chunk (prefix hits, earlier chunks)."""
+    expert_tokens: np.ndarray | None = None
+    """Token-to-expert assignments each EP rank receives; None: spread evenly."""
+
+    @classmethod
+    def decode(cls, ranks: int, requests: float, context: float) -> Batch:
+        """The same decode batch on every rank."""
+        return cls(np.full(ranks, float(requests)), np.full(ranks, float(context)),
+                   np.zeros(ranks), np.zeros(ranks), np.zeros(ranks))
+
+    @classmethod
+    def prefill(cls, ranks: int, tokens: float, requests: float = 1.0,
+                context: float = 0.0) -> Batch:
+        """The same prefill chunk on every rank."""
+        return cls(np.zeros(ranks), np.zeros(ranks), np.full(ranks, float(tokens)),
+                   np.full(ranks, float(requests)), np.full(ranks, float(context)))
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Duration of one step, its breakdown, and which source priced each operation."""
+
+    total_ms: float
+    breakdown: dict[str, float]
+    """ms per category (attention, moe, communication, dense, other); sums to total_ms."""
+    provenance: dict[str, str]
+    """operation -> 'source (table)'."""
+    parts: dict[str, float]
+    """ms per priced operation over all layers (finer than `breakdown`; sums to total_ms)."""
+    tokens: float
+    """Tokens computed this step over all ranks (decode tokens count accepted ones)."""
+
+    @property
+    def source(self) -> str:
+        """The least trustworthy source among the operations."""
+        worst = max((SOURCES.index(v.split(" ")[0]) for v in self.provenance.values()),
+                    default=0)
+        return SOURCES[worst]
+
+
+class _Ledger:
+    """Accumulates ms per category and the provenance of every priced operation."""
+
+    def __init__(self) -> None:
+        self.ms = dict.fromkeys(CATEGORIES, 0.0)
+        self.parts: dict[str, float] = {}
+        self.provenance: dict[str, str] = {}
+
+    def add(self, category: str, op: str, priced: Priced | None, ms: float) -> None:
+        self.ms[category] += ms
+        self.parts[op] = self.parts.get(op, 0.0) + ms
+        if priced is not None:
+            self.provenance[op] = f"{priced.source} ({priced.table})"
+
+
+def _per_rank(a: np.ndarray, ranks: int) -> np.ndarray:
+    a = np.asarray(a, dtype=float)
+    return np.broadcast_to(a, (ranks,)) if a.size == 1 else a
+
+
+def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ctx: np.ndarray,
+               pre_tok: np.ndarray, pre_req: np.ndarray, pre_ctx: np.ndarray,
+               led: _Ledger) -> np.ndarray:
+    """Per-rank ms of one layer's attention block (projections included)."""
+    m, tp = inst.model, inst.tp
+    heads = max(m.num_attention_heads // tp, 1)
+    out = np.zeros_like(decode_b)
+    dec = decode_b > 0
+    pre = pre_tok > 0
+    if m.attention == "mla":
+        shape = {"hidden": m.hidden, "q_lora": m.q_lora_rank, "kv_lora": m.kv_lora_rank,
+                 "nope": m.head_dim - m.qk_rope_head_dim, "rope": m.qk_rope_head_dim,
+                 "v": m.v_head_dim}
+        if dec.any():
+            ctx = decode_ctx[dec]
+            if m.sparse_topk:  # DeepSeek-V3.2: each query attends to at most sparse_topk tokens
+                ctx = np.minimum(ctx, m.sparse_topk)
+            p = cal.mla_generation(decode_b[dec] * (1 + inst.spec_tokens), ctx, heads, shape,
+                                   inst.weights, inst.kv_cache)
+            out[dec] += p.ms
+            led.provenance["attention.decode"] = f"{p.source} ({p.table})"
+        if pre.any():
+            isl = pre_tok[pre] / np.maximum(pre_req[pre], 1)
+            p = cal.mla_context(pre_req[pre], isl, heads, shape, inst.weights, inst.kv_cache)
+            # Cached prefix: the chunk also attends to pre_ctx earlier tokens; scale the core.
+            extra = 1 + 2 * pre_ctx[pre] / np.maximum(isl, 1) * _mla_core_share(m, isl)
+            out[pre] += p.ms * extra
+            led.provenance["attention.prefill"] = f"{p.source} ({p.table})"
+        return out
+    kvh = max(m.num_kv_heads // tp, 1)
+    tokens = decode_b * (1 + inst.spec_tokens) + pre_tok
+    q_out = heads * m.head_dim
+    qkv = cal.gemm(tokens, q_out + 2 * kvh * m.head_dim, m.hidden, inst.weights)
+    o = cal.gemm(tokens, m.hidden, q_out, inst.weights)
+    out += np.where(tokens > 0, qkv.ms + o.ms, 0.0)
+    led.provenance["attention.qkv_proj"] = f"{qkv.source} ({qkv.table})"
+    led.provenance["attention.o_proj"] = f"{o.source} ({o.table})"
+    full, slide = m.full_attention_layers / m.layers, m.sliding_layers / m.layers
+    for frac, window in ((full, 0), (slide, m.sliding_window)):
+        if frac == 0:
+            continue
+        if dec.any():
+            ctx = decode_ctx[dec] if not window else np.minimum(decode_ctx[dec], window)
+            p = cal.attention_generation(decode_b[dec] * (1 + inst.spec_tokens), ctx, heads,
+                                         kvh, m.head_dim, inst.kv_cache, window)
+            out[dec] += frac * p.ms
+            led.provenance[f"attention.decode{'_window' if window else ''}"] = (
+                f"{p.source} ({p.table})")
+        if pre.any():
+            isl = pre_tok[pre] / np.maximum(pre_req[pre], 1)
+            p = cal.attention_context(pre_req[pre], isl, heads, kvh, m.head_dim, inst.kv_cache,
+                                      window)
+            span = isl if not window else np.minimum(isl, window)
+            extra = 1 + 2 * (pre_ctx[pre] if not window else 0) / np.maximum(span, 1)
+            out[pre] += frac * p.ms * extra
+            led.provenance[f"attention.prefill{'_window' if window else ''}"] = (
+                f"{p.source} ({p.table})")
+    return out
+
+
+def _mla_core_share(m: ModelSpec, isl: np.ndarray) -> np.ndarray:
+    """Share of an MLA prefill block's FLOPs that is attention core (the rest: projections)."""
+    core = 2 * m.num_attention_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim) * isl / 2
+    proj = 2 * m.attention_params()
+    return core / (core + proj)
+
+
+def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
+    """Duration of one engine step of `inst` running `batch` (see module docstring)."""
+    m = inst.model
+    dp = inst.dp
+    led = _Ledger()
+    dec_b = _per_rank(batch.decode_requests, dp)
+    dec_ctx = _per_rank(batch.decode_context, dp)
+    pre_tok = _per_rank(batch.prefill_tokens, dp)
+    pre_req = _per_rank(batch.prefill_requests, dp)
+    pre_ctx = _per_rank(batch.prefill_context, dp)
+    spec = inst.spec_tokens
+    tokens = dec_b * (1 + spec) + pre_tok  # per rank, computed this step
+    if tokens.sum() <= 0:
+        return StepTime(inst.step_overhead_ms, {**dict.fromkeys(CATEGORIES, 0.0),
+                                                "other": inst.step_overhead_ms},
+                        {"overhead": "measured (fixed)"}, {"overhead": inst.step_overhead_ms},
+                        0.0)
+    logits = dec_b * (1 + spec) + pre_req
+
+    # Attention: every layer, slowest DP rank.
+    attn_layer = _attention(inst, cal, dec_b, dec_ctx, pre_tok, pre_req, pre_ctx, led)
+    led.add("attention", "attention", None, m.layers * float(attn_layer.max()))
+
+    # Dense MLP layers and the shared experts run on each rank's own tokens.
+    if m.dense_layers:
+        inter = m.dense_intermediate // inst.tp
+        up = cal.gemm(tokens, 2 * inter, m.hidden, inst.weights)
+        down = cal.gemm(tokens, m.hidden, inter, inst.weights)
+        led.add("dense", "dense_mlp", up, m.dense_layers * float((up.ms + down.ms).max()))
+    moe_layers = m.moe_layers if m.is_moe else 0
+    if moe_layers and m.n_shared_experts:
+        inter = m.n_shared_experts * m.moe_intermediate // inst.tp
+        up = cal.gemm(tokens, 2 * inter, m.hidden, inst.weights)
+        down = cal.gemm(tokens, m.hidden, inter, inst.weights)
+        led.add("moe", "shared_experts", up, moe_layers * float((up.ms + down.ms).max()))
+
+    # Routed experts: the most-loaded EP rank sets the pace.
+    if moe_layers:
+        ep = inst.ep
+        if batch.expert_tokens is not None and ep > 1:
+            received = _per_rank(batch.expert_tokens, ep)
+        else:
+            received = np.full(ep, tokens.sum() * m.top_k / ep)
+        router = cal.gemm(tokens, m.n_routed_experts, m.hidden, "bf16")
+        led.add("moe", "router", router, moe_layers * float(router.ms.max()))
+        experts = cal.moe(received.max() * ep / m.top_k, m.hidden, m.moe_intermediate, m.top_k,
+                          m.n_routed_experts, ep, inst.weights, tp=inst.tp)
+        led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
+        if ep > 1:
+            for phase in ("dispatch", "combine"):
+                a2a = cal.all_to_all(tokens.max(), m.hidden, m.top_k, m.n_routed_experts, ep,
+                                     phase, inst.low_latency_a2a, inst.a2a_bandwidth)
+                led.add("communication", f"all_to_all.{phase}", a2a,
+                        moe_layers * float(a2a.ms.max()))
+    if inst.tp > 1:
+        ar = cal.allreduce(tokens.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)
+        led.add("communication", "allreduce", ar, 2 * m.layers * float(ar.ms.max()))
+
+    head = cal.gemm(logits, m.vocab // inst.tp, m.hidden, "bf16")
+    led.add("dense", "lm_head", head, float(head.ms.max()))
+
+    if spec and dec_b.any():  # MTP draft: `spec` single-layer passes at the decode batch
+        draft_frac = spec * m.mtp_layers / m.layers
+        layer_work = (led.ms["attention"] + led.ms["moe"] + led.ms["communication"]) * (
+            dec_b.max() / max(tokens.max(), 1))
+        led.add("other", "mtp_draft", None, draft_frac * layer_work + spec * float(head.ms.max()))
+        led.provenance["mtp_draft"] = led.provenance.get("routed_experts",
+                                                         led.provenance["lm_head"])
+    led.add("other", "overhead", None, inst.step_overhead_ms)
+    led.provenance["overhead"] = "measured (fixed)" if inst.overhead_ms is not None else (
+        f"roofline (assumed fixed {inst.step_overhead_ms} ms per step)")
+    accepted = dec_b * _expected_accepted(spec, inst.spec_acceptance) + pre_tok
+    total = float(sum(led.ms.values()))
+    return StepTime(total, dict(led.ms), led.provenance, led.parts, float(accepted.sum()))
+
+
+def _expected_accepted(spec: int, acceptance: float) -> float:
+    """Tokens a request gains per step with `spec` draft tokens each accepted with `acceptance`
+    (a chain: the i-th draft counts only if all before it were accepted), plus the bonus token."""
+    return 1.0 + sum(acceptance ** i for i in range(1, spec + 1))

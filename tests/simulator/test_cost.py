@@ -1,0 +1,105 @@
+"""The step-cost model: pure, monotone, and honest about what it sums."""
+
+import numpy as np
+import pytest
+
+from simulator.calibration import load_calibration
+from simulator.cost import CATEGORIES, Batch, Instance, check_memory, step_time
+from simulator.specs.deployment import RoleSpec
+from simulator.specs.errors import SpecError
+from simulator.specs.hardware import load_hardware
+from simulator.specs.model import load_model
+
+H200 = load_hardware("h200")
+DSV3 = load_model("deepseek-v3")
+
+
+@pytest.fixture(scope="module")
+def cal():
+    return load_calibration(H200, "vllm")
+
+
+def decode_instance(**kw) -> Instance:
+    return Instance(DSV3, H200, "decode", 8, True, **kw)
+
+
+def test_breakdown_sums_to_total(cal):
+    st = step_time(decode_instance(), Batch.decode(8, 64, 2048), cal)
+    assert set(st.breakdown) == set(CATEGORIES)
+    assert sum(st.breakdown.values()) == pytest.approx(st.total_ms)
+    assert st.total_ms > 0 and np.isfinite(st.total_ms)
+
+
+def test_decode_step_grows_with_batch_and_context(cal):
+    inst = decode_instance()
+    by_batch = [step_time(inst, Batch.decode(8, b, 4096), cal).total_ms for b in (1, 16, 64, 256)]
+    by_ctx = [step_time(inst, Batch.decode(8, 64, c), cal).total_ms for c in (512, 4096, 32768)]
+    assert by_batch == sorted(by_batch) and by_batch[0] < by_batch[-1]
+    assert by_ctx == sorted(by_ctx) and by_ctx[0] < by_ctx[-1]
+
+
+def test_prefill_step_grows_with_tokens(cal):
+    inst = Instance(DSV3, H200, "prefill", 8, True, low_latency_a2a=False)
+    times = [step_time(inst, Batch.prefill(8, t), cal).total_ms for t in (1024, 4096, 16384)]
+    assert times == sorted(times) and times[0] < times[-1]
+
+
+def test_one_long_request_slows_the_whole_lockstep(cal):
+    inst = decode_instance()
+    even = Batch.decode(8, 64, 2048)
+    ctx = np.full(8, 2048.0)
+    ctx[3] = 65536.0
+    skewed = Batch(np.full(8, 64.0), ctx, np.zeros(8), np.zeros(8), np.zeros(8))
+    assert step_time(inst, skewed, cal).breakdown["attention"] > step_time(
+        inst, even, cal).breakdown["attention"]
+
+
+def test_most_loaded_expert_rank_sets_the_moe_time(cal):
+    inst = decode_instance()
+    per_rank = 64 * 8 * 8 / 8  # tokens x top_k spread over 8 EP ranks
+    balanced = Batch.decode(8, 64, 2048)
+    hot = np.full(8, per_rank)
+    hot[0] *= 2.0
+    skewed = Batch(balanced.decode_requests, balanced.decode_context, np.zeros(8), np.zeros(8),
+                   np.zeros(8), expert_tokens=hot)
+    assert step_time(inst, skewed, cal).breakdown["moe"] > step_time(
+        inst, balanced, cal).breakdown["moe"]
+
+
+def test_mtp_yields_more_tokens_per_step_at_a_cost(cal):
+    plain = step_time(decode_instance(), Batch.decode(8, 64, 2048), cal)
+    mtp = step_time(decode_instance(spec_tokens=1, spec_acceptance=0.8),
+                    Batch.decode(8, 64, 2048), cal)
+    assert mtp.tokens == pytest.approx(plain.tokens * 1.8)
+    assert mtp.total_ms > plain.total_ms
+    assert "mtp_draft" in mtp.provenance
+
+
+def test_every_part_names_its_source(cal):
+    st = step_time(decode_instance(), Batch.decode(8, 128, 4096), cal)
+    for op, src in st.provenance.items():
+        assert src.split(" ")[0] in ("measured", "interpolated", "extrapolated", "roofline"), op
+    assert st.provenance["routed_experts"].startswith("measured")
+
+
+def test_tp_layout_prices_gqa_model(cal):
+    inst = Instance(load_model("qwen3-235b-a22b"), H200, "aggregated", 4, False)
+    st = step_time(inst, Batch.decode(1, 64, 2000), cal)
+    assert st.breakdown["communication"] > 0  # TP all-reduces
+    assert sum(st.breakdown.values()) == pytest.approx(st.total_ms)
+
+
+def test_memory_fit_reports_the_numbers():
+    role = RoleSpec(dep=4)
+    with pytest.raises(SpecError, match=r"GB weights .* tokens are needed") as e:
+        check_memory("decode", DSV3, H200, role, "fp8", "fp8")
+    assert "\n" not in str(e.value)
+    fits = check_memory("decode", DSV3, H200, RoleSpec(dep=8), "fp8", "fp8")
+    assert fits.kv_tokens > 8192
+
+
+def test_redundant_experts_cost_kv_capacity():
+    plain = check_memory("decode", DSV3, H200, RoleSpec(dep=8), "fp8", "fp8")
+    extra = check_memory("decode", DSV3, H200, RoleSpec(dep=8, redundant_experts=32), "fp8", "fp8")
+    assert extra.redundant_experts > 0
+    assert extra.kv_tokens < plain.kv_tokens

@@ -1,0 +1,45 @@
+"""`rackplan step`: price one engine step of one instance of a deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from simulator.cost.step import Batch, step_time
+from simulator.resolve import resolve
+from simulator.specs.errors import SpecError
+from simulator.specs.loading import load_deployment
+
+
+def step_report(deployment_path: str | Path, role: str, batch: int,
+                context: int) -> dict[str, Any]:
+    """Step time, breakdown and provenance for `batch` requests per rank at `context` tokens.
+
+    Decode and aggregated roles: each request generates one token over `context` cached tokens.
+    Prefill: each request prefills `context` prompt tokens in one chunk.
+    """
+    if batch < 1:
+        raise SpecError(f"--batch={batch} must be >= 1")
+    if context < 1:
+        raise SpecError(f"--context={context} must be >= 1")
+    dep = load_deployment(Path(deployment_path))
+    res = resolve(dep)
+    if role not in res.roles:
+        raise SpecError(f"--role={role!r} is not in {deployment_path}; it has "
+                        f"{', '.join(res.roles)}")
+    r = res.roles[role]
+    inst = r.instance
+    if role == "prefill":
+        work = Batch.prefill(inst.dp, tokens=batch * context, requests=batch)
+    else:
+        work = Batch.decode(inst.dp, requests=batch, context=context)
+    st = step_time(inst, work, res.calibration)
+    return {
+        "model": res.model.name, "hardware": res.hardware.name, "engine": dep.engine,
+        "role": role, "layout": r.spec.layout, "ranks": inst.ranks,
+        "batch_per_rank": batch, "context": context,
+        "total_ms": st.total_ms, "breakdown_ms": st.breakdown, "parts_ms": st.parts,
+        "tokens_per_s_per_gpu": st.tokens / inst.ranks / st.total_ms * 1e3,
+        "source": st.source, "provenance": st.provenance,
+        "kv_tokens_per_rank": r.memory.kv_tokens,
+    }

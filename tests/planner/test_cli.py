@@ -1,0 +1,118 @@
+"""`rackplan models | hardware | step`: the CLI contract, including its errors."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.cli import main
+from simulator.cost import check_memory
+from simulator.specs.deployment import RoleSpec
+from simulator.specs.errors import SpecError
+from simulator.specs.hardware import HARDWARE, load_hardware
+from simulator.specs.model import load_model, preset_names
+
+GPUS = [name for name in HARDWARE if name != "cpu"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def smallest_dep_that_fits(model_name: str, hw_name: str) -> int:
+    model, hw = load_model(model_name), load_hardware(hw_name)
+    for dep in (1, 2, 4, 8, 16, 32, 64):
+        if model.n_routed_experts % dep:
+            continue
+        try:
+            check_memory("decode", model, hw, RoleSpec(dep=dep), "fp8", "fp8")
+            return dep
+        except SpecError:
+            continue
+    raise AssertionError(f"{model_name} fits no DEP size on {hw_name}")
+
+
+def write(tmp_path: Path, doc: dict, name: str = "d.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("hw", GPUS)
+@pytest.mark.parametrize("model", preset_names())
+def test_step_for_every_model_on_every_gpu(model, hw, tmp_path, capsys):
+    dep = smallest_dep_that_fits(model, hw)
+    path = write(tmp_path, {"model": model, "hardware": hw,
+                            "prefill": {"dep": dep}, "decode": {"dep": dep}})
+    for role in ("decode", "prefill"):
+        assert main(["step", str(path), "--role", role, "--batch", "16", "--context", "2048",
+                     "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["total_ms"] > 0 and math.isfinite(out["total_ms"])
+        assert sum(out["breakdown_ms"].values()) == pytest.approx(out["total_ms"])
+        assert out["provenance"]
+
+
+def test_models_and_hardware_list_every_preset(capsys):
+    assert main(["models", "--json"]) == 0
+    names = [m["name"] for m in json.loads(capsys.readouterr().out)["models"]]
+    assert names == preset_names()
+    assert main(["hardware", "--json"]) == 0
+    assert [h["name"] for h in json.loads(capsys.readouterr().out)["hardware"]] == list(HARDWARE)
+
+
+def test_step_prints_a_table_for_people():
+    r = run_cli("step", "examples/deepseek-v3-h200-dep8.yaml", "--batch", "128")
+    assert r.returncode == 0, r.stderr
+    assert "step time" in r.stdout and "routed_experts" in r.stdout
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode != 0
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_bad_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: deepseek-v3\nprefill: [dep: 8\n")
+    assert_one_line_error(run_cli("step", str(path)), "bad.yaml")
+
+
+def test_unknown_model(tmp_path):
+    path = write(tmp_path, {"model": "llama-9", "hardware": "h200", "aggregated": {"dep": 8}})
+    assert_one_line_error(run_cli("step", str(path), "--role", "aggregated"), "llama-9",
+                          "deepseek-v3")
+
+
+def test_dep_that_does_not_divide_the_experts(tmp_path):
+    path = write(tmp_path, {"model": "deepseek-v3", "hardware": "h200",
+                            "prefill": {"dep": 8}, "decode": {"dep": 10, "redundant_experts": 32}})
+    assert_one_line_error(run_cli("step", str(path)), "dep=10", "256+32=288")
+
+
+def test_deployment_over_memory(tmp_path):
+    path = write(tmp_path, {"model": "kimi-k2", "hardware": "h100",
+                            "prefill": {"dep": 8}, "decode": {"dep": 8}})
+    assert_one_line_error(run_cli("step", str(path)), "kimi-k2", "GB weights", "DEP8")
+
+
+def test_unknown_key(tmp_path):
+    path = write(tmp_path, {"model": "deepseek-v3", "hardware": "h200",
+                            "prefill": {"dep": 8}, "decode": {"dep": 8, "max_seqs": 64}})
+    assert_one_line_error(run_cli("step", str(path)), "max_seqs")
+
+
+def test_role_missing_from_the_deployment(tmp_path):
+    path = write(tmp_path, {"model": "deepseek-v3", "hardware": "h200",
+                            "aggregated": {"dep": 8}})
+    assert_one_line_error(run_cli("step", str(path), "--role", "prefill"), "--role='prefill'")

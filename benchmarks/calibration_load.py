@@ -21,7 +21,8 @@ def main(names: list[str]) -> None:
         load_calibration(hw, "vllm").load_all()
         warm = time.perf_counter() - t0
         found = sum(cal.frame(op) is not None for op in OP_FILES)
-        print(f"{name:6s} {found}/{len(OP_FILES)} tables  cold {cold:.2f} s  cached {warm * 1e3:.3f} ms")
+        print(f"{name:6s} {found}/{len(OP_FILES)} tables  cold {cold:.2f} s  "
+              f"cached {warm * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -352,8 +352,10 @@ class Calibration:
             return Priced(np.zeros_like(b), "measured", "none (single rank)")
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-            rows = df[df.backend.str.contains("graph")]
-            return (rows if len(rows) else df), 0
+            if "backend" in df.columns:  # vLLM's table has eager and CUDA-graph kernels
+                graph = df[df.backend.str.contains("graph")]
+                return (graph if len(graph) else df), 0
+            return df, 0
 
         grid = self._grid(("allreduce",), "allreduce", select, ["message_size", "num_gpus"],
                           lambda r: rf.allreduce(r.message_size, r.num_gpus.to_numpy(),

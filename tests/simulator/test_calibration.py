@@ -98,3 +98,23 @@ def test_grid_keeps_the_fastest_kernel_per_point():
     grid = Grid.build(pts, np.array([3.0, 2.0, 5.0]), np.ones(3))
     ms, _ = grid.query(np.array([[8.0]]), np.ones(1))
     assert ms[0] == 2.0
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+@pytest.mark.parametrize("hw", ["h100", "h200", "b200", "b300", "gb200", "gb300"])
+def test_every_operation_prices_on_every_system_and_engine(hw, engine):
+    cal = load_calibration(load_hardware(hw), engine)
+    prices = [
+        cal.gemm(np.array([1.0, 300.0]), 7168, 2048, "fp8"),
+        cal.moe(np.array([64.0, 5000.0]), 7168, 2048, 8, 256, 16, "fp8"),
+        cal.moe(np.array([64.0]), 4096, 1536, 8, 128, 1, "bf16", tp=4),
+        cal.attention_context(2.0, 3000.0, 16, 1, 128, "fp8"),
+        cal.attention_generation(64.0, 3000.0, 16, 1, 128, "bf16", window=128),
+        cal.mla_context(1.0, 3000.0, 128, DSV3_MLA, "fp8", "fp8"),
+        cal.mla_generation(64.0, 3000.0, 64, DSV3_MLA, "fp8", "bf16"),
+        cal.all_to_all(100.0, 7168, 8, 256, 32, "combine", False, 100.0),
+        cal.allreduce(1e6, 4, 450.0),
+    ]
+    for p in prices:
+        assert np.all(np.isfinite(p.ms)) and np.all(p.ms > 0), p
+        assert p.source in ("measured", "interpolated", "extrapolated", "roofline")

@@ -47,18 +47,23 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
     """Memory of one rank of an instance.
 
     DEP: attention, dense and shared weights are replicated on every rank; each rank holds
-    (routed + redundant) / dep experts per MoE layer. TP: every weight is split over the ranks.
+    (routed + redundant) / dep experts per MoE layer. TP: every weight is split over the ranks,
+    or, with enable_expert_parallel, the experts are spread whole over the ranks.
     """
     wb = model.weight_bytes(weights)
     experts_total = wb["routed_experts"]
     replicated = sum(v for k, v in wb.items() if k != "routed_experts")
     redundant = 0.0
-    if role.dep is not None and model.is_moe:
+    if role.expert_parallel and model.is_moe:
         per_expert = experts_total / model.n_routed_experts
-        slots = (model.n_routed_experts + role.redundant_experts) / role.dep
-        held = replicated + slots * per_expert
-        redundant = role.redundant_experts / role.dep * per_expert
-        kv_split = 1
+        slots = (model.n_routed_experts + role.redundant_experts) / role.ranks
+        redundant = role.redundant_experts / role.ranks * per_expert
+        if role.dep is not None:  # attention data-parallel: non-expert weights replicated
+            held = replicated + slots * per_expert
+            kv_split = 1
+        else:  # TP attention with expert-parallel MoE
+            held = replicated / role.ranks + slots * per_expert
+            kv_split = role.ranks
     else:
         held = (replicated + experts_total) / role.ranks
         kv_split = role.tp or 1

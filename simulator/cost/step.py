@@ -36,6 +36,8 @@ class Instance:
     """GPUs of the instance."""
     expert_parallel: bool
     """DEP: attention data-parallel and MoE expert-parallel over the ranks; else TP."""
+    tp_expert_parallel: bool = False
+    """TP layouts only: MoE experts split over the TP ranks (vLLM --enable-expert-parallel)."""
     weights: str = "fp8"
     kv_cache: str = "fp8"
     redundant_experts: int = 0
@@ -59,7 +61,14 @@ class Instance:
 
     @property
     def ep(self) -> int:
-        return self.ranks if self.expert_parallel and self.model.is_moe else 1
+        """MoE expert-parallel size."""
+        moe_ep = self.expert_parallel or self.tp_expert_parallel
+        return self.ranks if moe_ep and self.model.is_moe else 1
+
+    @property
+    def moe_tp(self) -> int:
+        """Ranks each expert's weights are split over."""
+        return 1 if self.ep > 1 else self.tp
 
     @property
     def a2a_bandwidth(self) -> float:
@@ -80,7 +89,9 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
     spec = role.speculative
     return Instance(
         model=model, hardware=hardware, role=role_name, ranks=role.ranks,
-        expert_parallel=role.dep is not None, weights=weights, kv_cache=kv_cache,
+        expert_parallel=role.dep is not None,
+        tp_expert_parallel=role.dep is None and role.enable_expert_parallel,
+        weights=weights, kv_cache=kv_cache,
         redundant_experts=role.redundant_experts,
         spec_tokens=spec.tokens if spec else 0, spec_acceptance=spec.acceptance if spec else 0.0,
         a2a_gb_s=a2a_gb_s,
@@ -274,7 +285,7 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
         router = cal.gemm(tokens, m.n_routed_experts, m.hidden, "bf16")
         led.add("moe", "router", router, moe_layers * float(router.ms.max()))
         experts = cal.moe(received.max() * ep / m.top_k, m.hidden, m.moe_intermediate, m.top_k,
-                          m.n_routed_experts, ep, inst.weights, tp=inst.tp)
+                          m.n_routed_experts, ep, inst.weights, tp=inst.moe_tp)
         led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
         if ep > 1:
             for phase in ("dispatch", "combine"):

@@ -69,6 +69,9 @@ class RoleSpec(BaseModel):
     """Ranks per instance, attention data-parallel + MoE expert-parallel (DEP-N)."""
     tp: int | None = Field(None, ge=1)
     """Tensor-parallel ranks per instance instead of dep (dense / TP layouts); neither: tp=1."""
+    enable_expert_parallel: bool = False
+    """With tp: split MoE experts over the TP ranks instead of each expert's weights (vLLM's
+    --enable-expert-parallel); dep always does (default false)."""
     max_num_seqs: int = Field(256, ge=1)
     """Most sequences in a batch, per rank (default 256)."""
     max_num_batched_tokens: int = Field(8192, ge=1)
@@ -90,10 +93,10 @@ class RoleSpec(BaseModel):
     def _check(self) -> RoleSpec:
         if self.dep is not None and self.tp is not None:
             raise SpecError(f"dep={self.dep} and tp={self.tp} both given; give one of them")
-        if self.redundant_experts > 0 and self.dep is None:
+        if self.redundant_experts > 0 and not self.expert_parallel:
             raise SpecError(
                 f"redundant_experts={self.redundant_experts} needs expert parallelism; "
-                "give dep, or set redundant_experts to 0"
+                "give dep (or tp with enable_expert_parallel), or set redundant_experts to 0"
             )
         return self
 
@@ -109,13 +112,15 @@ class RoleSpec(BaseModel):
 
     @property
     def expert_parallel(self) -> bool:
-        """Whether MoE experts are split over the ranks (dep given)."""
-        return self.dep is not None
+        """Whether MoE experts are split over the ranks (dep, or tp with enable_expert_parallel)."""
+        return self.dep is not None or self.enable_expert_parallel
 
     @property
     def layout(self) -> str:
-        """Short name of one instance's layout: DEP8, TP4."""
-        return f"DEP{self.dep}" if self.dep is not None else f"TP{self.tp or 1}"
+        """Short name of one instance's layout: DEP8, TP4, TP8+EP."""
+        if self.dep is not None:
+            return f"DEP{self.dep}"
+        return f"TP{self.tp or 1}" + ("+EP" if self.enable_expert_parallel else "")
 
     def backend(self, role: str) -> All2AllBackend:
         """The all2all backend in effect for this role."""
@@ -219,12 +224,13 @@ def _role_error(role: RoleSpec, model: ModelLike) -> str | None:
     r = role.redundant_experts
     if r > 0 and not model.is_moe:
         return f"redundant_experts={r} needs an MoE model but {model.name} is dense; use 0"
-    if model.is_moe and role.dep is not None:
-        e, n = model.n_routed_experts, role.dep
+    if model.is_moe and role.expert_parallel:
+        e, n = model.n_routed_experts, role.ranks
         if (e + r) % n:
             fix = r + (-(e + r)) % n
+            size = "dep" if role.dep is not None else "tp"
             return (
-                f"dep={n} must divide routed+redundant experts ({e}+{r}={e + r}); "
+                f"{size}={n} must divide routed+redundant experts ({e}+{r}={e + r}); "
                 f"e.g. redundant_experts={fix} ({e + fix} = {n} x {(e + fix) // n})"
             )
     spec = role.speculative

@@ -103,3 +103,16 @@ def test_redundant_experts_cost_kv_capacity():
     extra = check_memory("decode", DSV3, H200, RoleSpec(dep=8, redundant_experts=32), "fp8", "fp8")
     assert extra.redundant_experts > 0
     assert extra.kv_tokens < plain.kv_tokens
+
+
+def test_tp_with_expert_parallel_moe(cal):
+    role = RoleSpec(tp=8, enable_expert_parallel=True, redundant_experts=32)
+    assert role.layout == "TP8+EP" and role.expert_parallel
+    inst = Instance(DSV3, H200, "aggregated", 8, False, tp_expert_parallel=True)
+    assert (inst.tp, inst.ep, inst.moe_tp) == (8, 8, 1)
+    st = step_time(inst, Batch.decode(1, 64, 2048), cal)
+    assert "all_to_all.dispatch" in st.provenance and "allreduce" in st.provenance
+    tp_only = Instance(DSV3, H200, "aggregated", 8, False)
+    assert (tp_only.ep, tp_only.moe_tp) == (1, 8)
+    mem_ep = check_memory("a", DSV3, H200, role, "fp8", "fp8")
+    assert mem_ep.redundant_experts > 0

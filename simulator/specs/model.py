@@ -7,6 +7,7 @@ KV-cache bytes per token, and FLOPs per token per operation.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -31,7 +32,8 @@ class ModelSpec(BaseModel):
     name: str
     """Preset name or config path this spec came from."""
     architecture: str
-    """Hugging Face architecture class, e.g. DeepseekV3ForCausalLM."""
+    """Hugging Face architecture class, e.g. DeepseekV3ForCausalLM (a multimodal wrapper's name
+    when the text model was read from its text_config)."""
     hidden: int = Field(ge=1)
     """Hidden size."""
     layers: int = Field(ge=1)
@@ -41,7 +43,7 @@ class ModelSpec(BaseModel):
     vocab: int = Field(ge=1)
     """Vocabulary size."""
     attention: Literal["mla", "gqa"]
-    """Attention kind: multi-head latent (DeepSeek) or grouped-query."""
+    """Attention kind: multi-head latent (DeepSeek, Kimi, GLM-5) or grouped-query."""
     num_attention_heads: int = Field(ge=1)
     """Query heads."""
     num_kv_heads: int = Field(ge=1)
@@ -61,9 +63,11 @@ class ModelSpec(BaseModel):
     sliding_layers: int = Field(0, ge=0)
     """How many layers use the sliding window."""
     sparse_topk: int = Field(0, ge=0)
-    """DeepSeek-V3.2 sparse attention: tokens each query attends to (0: dense attention)."""
+    """DeepSeek-V3.2 / GLM-5 sparse attention: tokens each query attends to (0: dense)."""
     index_head_dim: int = Field(0, ge=0)
-    """DeepSeek-V3.2 indexer key dimension, cached per token per layer."""
+    """Sparse-attention indexer key dimension, cached per token per layer."""
+    index_n_heads: int = Field(0, ge=0)
+    """Sparse-attention indexer query heads (DeepSeek-V3.2: 64, GLM-5: 32)."""
     dense_intermediate: int = Field(0, ge=0)
     """Intermediate size of dense MLP layers."""
     n_routed_experts: int = Field(0, ge=0)
@@ -96,8 +100,9 @@ class ModelSpec(BaseModel):
                  if self.q_lora_rank else h * n * self.head_dim)
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * n * (
                 nope + self.v_head_dim)
-            indexer = (h * self.index_head_dim + self.q_lora_rank * 64 * self.index_head_dim
-                       if self.sparse_topk else 0)
+            # Indexer: wq_b (q_lora -> heads x dim), wk (hidden -> dim), weights_proj (-> heads).
+            indexer = (self.index_n_heads * (self.q_lora_rank * self.index_head_dim + h)
+                       + h * self.index_head_dim if self.sparse_topk else 0)
             return q + kv + n * self.v_head_dim * h + indexer
         return h * n * self.head_dim + 2 * h * self.num_kv_heads * self.head_dim + (
             n * self.head_dim * h)
@@ -215,9 +220,13 @@ def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+SPARSE_MLA = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+"""MLA architectures with a lightning indexer choosing index_topk tokens per query (DSA)."""
+
+
 def _from_deepseek(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     layers = int(cfg["num_hidden_layers"])
-    sparse = arch == "DeepseekV32ForCausalLM"
+    sparse = arch in SPARSE_MLA
     return ModelSpec(
         name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers,
         dense_layers=min(layers, int(_get(cfg, "first_k_dense_replace", default=0))),
@@ -227,8 +236,9 @@ def _from_deepseek(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
         head_dim=cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"],
         q_lora_rank=_get(cfg, "q_lora_rank", default=0), kv_lora_rank=cfg["kv_lora_rank"],
         qk_rope_head_dim=cfg["qk_rope_head_dim"], v_head_dim=cfg["v_head_dim"],
-        sparse_topk=_get(cfg, "index_topk", default=0) if sparse else 0,
-        index_head_dim=_get(cfg, "index_head_dim", default=0) if sparse else 0,
+        sparse_topk=cfg["index_topk"] if sparse else 0,
+        index_head_dim=cfg["index_head_dim"] if sparse else 0,
+        index_n_heads=cfg["index_n_heads"] if sparse else 0,
         dense_intermediate=cfg["intermediate_size"],
         n_routed_experts=_get(cfg, "n_routed_experts", default=0),
         n_shared_experts=_get(cfg, "n_shared_experts", default=0),
@@ -238,12 +248,24 @@ def _from_deepseek(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     )
 
 
+GQA_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 def _from_gqa(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
+    """Dense or MoE GQA models (Llama, Qwen3, Mixtral, gpt-oss, MiniMax-M2).
+
+    MiniMax-M2 names its expert width intermediate_size (it has no dense layers) and its MTP
+    modules (use_mtp) are not counted: upstream vLLM has no MiniMax-M2 MTP draft model.
+    """
     layers = int(cfg["num_hidden_layers"])
     heads = int(cfg["num_attention_heads"])
     experts = int(_get(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0))
     mlp_only = len(_get(cfg, "mlp_only_layers", default=[]))
     layer_types = _get(cfg, "layer_types", default=[]) or []
+    odd = sorted({t for t in layer_types if t not in GQA_LAYER_TYPES})
+    if odd:
+        raise SpecError(f"{name}: {arch} has layer types {', '.join(odd)}; only "
+                        f"{' and '.join(GQA_LAYER_TYPES)} layers can be described")
     window = int(_get(cfg, "sliding_window", default=0) or 0)
     sliding = sum(1 for t in layer_types if t == "sliding_attention") if window else 0
     if window and not layer_types and cfg.get("use_sliding_window", True):
@@ -263,12 +285,31 @@ def _from_gqa(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     )
 
 
-BUILDERS = {
+Builder = Callable[[str, str, dict[str, Any]], ModelSpec]
+
+
+def _text_model(builder: Builder) -> Builder:
+    """A builder for a multimodal wrapper: reads its text_config; the vision tower is ignored."""
+    def build(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
+        text = cfg["text_config"]
+        if not isinstance(text, dict):
+            raise SpecError(f"{name}: text_config of {arch} must be a JSON object")
+        try:
+            return builder(name, arch, text)
+        except KeyError as e:
+            raise KeyError(f"text_config.{e.args[0]}") from None
+    return build
+
+
+BUILDERS: dict[str, Builder] = {
     "DeepseekV3ForCausalLM": _from_deepseek,
     "DeepseekV32ForCausalLM": _from_deepseek,
+    "GlmMoeDsaForCausalLM": _from_deepseek,
     "KimiK2ForCausalLM": _from_deepseek,
+    "KimiK25ForConditionalGeneration": _text_model(_from_deepseek),
     "Qwen3MoeForCausalLM": _from_gqa,
     "GptOssForCausalLM": _from_gqa,
+    "MiniMaxM2ForCausalLM": _from_gqa,
     "MixtralForCausalLM": _from_gqa,
     "LlamaForCausalLM": _from_gqa,
     "Qwen2ForCausalLM": _from_gqa,
@@ -276,14 +317,26 @@ BUILDERS = {
 }
 """Architecture class -> builder; one table of supported architectures."""
 
+_HYBRID = ("ModelSpec has only MLA/GQA layers, whose KV cache grows per token, and no layers "
+           "with a constant-size recurrent state")
+UNSUPPORTED = {
+    "Qwen3_5MoeForConditionalGeneration":
+        f"it mixes Gated DeltaNet linear-attention layers with full attention; {_HYBRID}",
+    "Qwen3_5ForConditionalGeneration":
+        f"it mixes Gated DeltaNet linear-attention layers with full attention; {_HYBRID}",
+    "NemotronHForCausalLM": f"it mixes Mamba-2 layers with attention; {_HYBRID}",
+}
+"""Architectures known and refused, with the reason shown to people."""
+
 
 def model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
     """A ModelSpec from a parsed Hugging Face config.json (pure; no I/O)."""
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else None
     if arch not in BUILDERS:
-        raise SpecError(
-            f"{name}: architecture {arch!r} is not supported; supported: {', '.join(BUILDERS)}")
+        why = f" ({UNSUPPORTED[arch]})" if arch in UNSUPPORTED else ""
+        raise SpecError(f"{name}: architecture {arch!r} is not supported{why}; supported: "
+                        f"{', '.join(BUILDERS)}")
     try:
         return BUILDERS[arch](name, arch, cfg)
     except KeyError as e:

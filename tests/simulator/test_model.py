@@ -1,0 +1,138 @@
+"""Model specs: presets and real Hugging Face configs load with the published sizes."""
+
+import importlib.util
+import json
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from simulator.specs.errors import SpecError
+from simulator.specs.model import BUILDERS, PRESET_DIR, load_model, model_from_config, preset_names
+
+
+def _config_dir() -> Path | None:
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "model_configs"
+
+
+CONFIGS = _config_dir()
+
+# config file in aiconfigurator-core -> (published total B without MTP, published active B).
+# Active figures are quoted without the input embedding (a lookup, not a matmul), as OpenAI
+# does for gpt-oss; None where the published figure is the total (dense models).
+PUBLISHED = {
+    "MiniMaxAI--MiniMax-M2.5_config.json": (229.0, 10.0),
+    "moonshotai--Kimi-K2.5_config.json": (1040.0, 32.0),  # text model of Kimi-K2
+    "zai-org--GLM-5_config.json": (744.0, 40.0),
+    "nvidia--DeepSeek-V3.1-NVFP4_config.json": (671.0, 37.0),
+    "Qwen--Qwen3-235B-A22B-FP8_config.json": (235.0, 22.0),
+    "openai--gpt-oss-120b_config.json": (116.83, 5.13),
+    "Qwen--Qwen3-32B_config.json": (32.8, None),
+    "meta-llama--Meta-Llama-3.1-70B_config.json": (70.6, None),
+    "meta-llama--Meta-Llama-3.1-8B_config.json": (8.03, None),
+}
+
+
+def load_shipped(filename: str):
+    """A ModelSpec from a config.json shipped with aiconfigurator-core (skip if absent)."""
+    path = CONFIGS / filename if CONFIGS else None
+    if path is None or not path.is_file():
+        pytest.skip(f"{filename} is not shipped with the installed aiconfigurator-core")
+    return load_model(str(path))
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_loads(name):
+    m = load_model(name)
+    assert m.total_params() >= m.active_params() > 0
+    assert m.kv_bytes_per_token("fp8") > 0
+
+
+@pytest.mark.parametrize("filename", sorted(PUBLISHED))
+def test_shipped_config_matches_published_size(filename):
+    m = load_shipped(filename)
+    total, active = PUBLISHED[filename]
+    params = m.params()
+    assert (m.total_params() - params["mtp"]) / 1e9 == pytest.approx(total, rel=0.03)
+    if active is not None:
+        assert (m.active_params() - params["embedding"]) / 1e9 == pytest.approx(active, rel=0.05)
+
+
+def test_kimi_k25_reads_its_text_config():
+    m = load_shipped("moonshotai--Kimi-K2.5_config.json")
+    assert m.architecture == "KimiK25ForConditionalGeneration"
+    assert (m.attention, m.n_routed_experts, m.top_k, m.layers) == ("mla", 384, 8, 61)
+
+
+def test_glm5_is_sparse_mla():
+    m = load_shipped("zai-org--GLM-5_config.json")
+    assert (m.attention, m.sparse_topk, m.index_head_dim, m.index_n_heads) == ("mla", 2048, 128, 32)
+    assert m.head_dim == 192 + 64 and m.v_head_dim == 256
+    # latent 512 + rope 64 at fp8, plus the fp8 indexer key (128) and its fp32 scale (4)
+    assert m.kv_bytes_per_token("fp8") == 78 * (512 + 64 + 128 + 4)
+    assert m.attended_context(100_000) == 2048
+
+
+def test_minimax_m2_is_gqa_moe():
+    m = load_shipped("MiniMaxAI--MiniMax-M2.5_config.json")
+    assert (m.attention, m.num_kv_heads, m.head_dim) == ("gqa", 8, 128)
+    assert (m.n_routed_experts, m.top_k, m.moe_intermediate, m.dense_layers) == (256, 8, 1536, 0)
+
+
+def test_mla_kv_bytes_per_token():
+    m = load_shipped("nvidia--DeepSeek-V3.1-NVFP4_config.json")
+    assert m.kv_bytes_per_token("fp8") == 61 * (512 + 64) * 1
+    assert load_model("deepseek-v3").kv_bytes_per_token("bf16") == 61 * (512 + 64) * 2
+
+
+def test_gqa_kv_bytes_per_token():
+    m = load_shipped("Qwen--Qwen3-235B-A22B-FP8_config.json")
+    assert m.kv_bytes_per_token("fp8") == 94 * 2 * 4 * 128 * 1
+
+
+def test_sliding_window_layers_stop_growing():
+    m = load_shipped("openai--gpt-oss-120b_config.json")
+    per_layer = 2 * 8 * 64 * 1
+    assert (m.full_attention_layers, m.sliding_layers, m.sliding_window) == (18, 18, 128)
+    assert m.kv_bytes_per_token("fp8") == 18 * per_layer
+    grown = m.kv_bytes(10_000, "fp8") - m.kv_bytes(1_000, "fp8")
+    assert grown == 18 * per_layer * 9_000
+    assert m.kv_bytes(64, "fp8") == 36 * per_layer * 64  # inside the window every layer grows
+
+
+def test_hybrid_linear_attention_is_refused():
+    path = CONFIGS / "Qwen--Qwen3.5-397B-A17B_config.json" if CONFIGS else None
+    if path is None or not path.is_file():
+        pytest.skip("Qwen3.5-397B-A17B config is not shipped with aiconfigurator-core")
+    with pytest.raises(SpecError, match=r"Qwen3_5MoeForConditionalGeneration.*linear-attention"):
+        load_model(str(path))
+
+
+def test_unknown_architecture_names_it_and_the_supported_ones():
+    with pytest.raises(SpecError) as e:
+        model_from_config("x", {"architectures": ["FooForCausalLM"]})
+    msg = str(e.value)
+    assert "'FooForCausalLM'" in msg
+    assert all(arch in msg for arch in BUILDERS)
+
+
+def test_missing_key_is_named():
+    cfg = json.loads(resources.files("simulator.specs").joinpath(
+        f"{PRESET_DIR}/deepseek-v3.2.json").read_text())
+    del cfg["index_topk"]
+    with pytest.raises(SpecError, match="lacks the key 'index_topk'"):
+        model_from_config("v32", cfg)
+    wrapped = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {}}
+    with pytest.raises(SpecError, match=r"lacks the key 'text_config\.num_hidden_layers'"):
+        model_from_config("k25", wrapped)
+
+
+def test_unknown_layer_type_is_refused():
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+           "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100,
+           "layer_types": ["linear_attention", "full_attention"]}
+    with pytest.raises(SpecError, match="layer types linear_attention"):
+        model_from_config("hybrid", cfg)

@@ -1,0 +1,132 @@
+"""Traffic: when requests arrive, how long they are, and multi-turn sessions.
+
+- poisson / bursty: open loop, gaps from the arrival spec;
+- closed: `concurrency` users, each sending its next request (or session) when the last ends;
+- trace: rows of a trace file at their timestamps (times `time_scale`), lengths and prefix
+  block ids from the file.
+
+With sessions, a unit of traffic is a session of `turns` requests: each turn's prompt is the
+whole previous context (prompts and outputs so far) plus new input, and the prompt's 512-token
+blocks get ids that persist from turn to turn, so prefix-cache hits come from the traffic
+itself. Open-loop sessions start at rate / turns, so requests still arrive at about `rate`.
+
+Lengths are drawn up front, one per request id, from their own seeded generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import numpy as np
+import simpy
+
+from simulator.des.prefix_cache import BLOCK_TOKENS
+from simulator.des.requests import RequestTable
+from simulator.des.traces import Trace
+from simulator.specs.errors import SpecError
+from simulator.specs.workload import ClosedArrival, TraceArrival, Workload
+
+
+class Traffic:
+    """Makes the run's requests and hands each to `submit` when it arrives."""
+
+    def __init__(self, env: simpy.Environment, workload: Workload, table: RequestTable,
+                 submit: Callable[[int], None], rng: np.random.Generator,
+                 trace: Trace | None = None) -> None:
+        self.env, self.workload, self.table, self.submit = env, workload, table, submit
+        self.rng, self.trace = rng, trace
+        n, w = table.capacity, workload
+        if trace is None:
+            self.new_input = w.input_tokens.sample(rng, n)
+            self.output = w.output_tokens.sample(rng, n)
+            if w.mode == "decode_only":
+                self.new_input = np.full(n, w.context_tokens, dtype=np.int64)
+        else:
+            self.new_input, self.output = trace.input_len[:n], trace.output_len[:n]
+        if w.mode == "prefill_only":
+            self.output = np.ones(n, dtype=np.int64)  # the one token a prefill samples
+        self._waiters: dict[int, simpy.Event] = {}
+        self._next_block = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.table.capacity - self.table.count
+
+    def start(self) -> None:
+        a = self.workload.arrival
+        if isinstance(a, TraceArrival):
+            if self.trace is None:
+                raise SpecError("trace arrival needs a trace")
+            self.env.process(self._replay(self.trace))
+        elif isinstance(a, ClosedArrival):
+            for _ in range(min(a.concurrency, self.table.capacity)):
+                self.env.process(self._user())
+        else:
+            units = self.table.capacity
+            if self.workload.sessions is not None:
+                units = -(-units // self.workload.sessions.turns)
+            self.env.process(self._open(a.inter_arrivals(self.rng, units)))
+
+    def done(self, rid: int) -> None:
+        """Request `rid` finished (wakes its closed-loop user or session)."""
+        ev = self._waiters.pop(rid, None)
+        if ev is not None:
+            ev.succeed()
+
+    # ---- processes -----------------------------------------------------------------------
+
+    def _replay(self, trace: Trace) -> Generator[Any, Any, None]:
+        for i in range(self.table.capacity):
+            gap = float(trace.arrival_s[i]) - self.env.now
+            if gap > 0:  # rows with one timestamp arrive together
+                yield self.env.timeout(gap)
+            self._send(int(trace.input_len[i]), int(trace.output_len[i]), trace.blocks[i])
+
+    def _open(self, gaps: np.ndarray) -> Generator[Any, Any, None]:
+        for gap in gaps:
+            yield self.env.timeout(float(gap))
+            if not self.remaining:
+                return
+            if self.workload.sessions is not None:
+                self.env.process(self._session())
+            else:
+                rid = self.table.count
+                self._send(int(self.new_input[rid]), int(self.output[rid]), None)
+
+    def _user(self) -> Generator[Any, Any, None]:
+        while self.remaining:
+            if self.workload.sessions is not None:
+                yield from self._session()
+            else:
+                rid = self.table.count
+                yield self._send(int(self.new_input[rid]), int(self.output[rid]), None,
+                                 wait=True)
+
+    def _session(self) -> Generator[Any, Any, None]:
+        assert self.workload.sessions is not None
+        turns, think = self.workload.sessions.turns, self.workload.sessions.think_time_s
+        context, ids = 0, list[int]()  # context tokens so far; ids of its full blocks
+        for turn in range(turns):
+            if not self.remaining:
+                return
+            rid = self.table.count
+            prompt = context + int(self.new_input[rid])
+            while len(ids) < prompt // BLOCK_TOKENS:
+                ids.append(self._next_block)
+                self._next_block += 1
+            output = int(self.output[rid])
+            yield self._send(prompt, output, tuple(ids[: prompt // BLOCK_TOKENS]), wait=True)
+            context = prompt + output
+            del ids[prompt // BLOCK_TOKENS:]  # the output changes the last, partial block
+            if think > 0 and turn < turns - 1:
+                yield self.env.timeout(think)
+
+    def _send(self, prompt: int, output: int, blocks: tuple[int, ...] | None,
+              wait: bool = False) -> simpy.Event:
+        rid = self.table.new(self.env.now, prompt, output, blocks)
+        ev = self.env.event()
+        if wait:
+            self._waiters[rid] = ev
+        self.submit(rid)
+        return ev

@@ -1,0 +1,364 @@
+"""Engine instances as SimPy processes: one event per engine step, the work of a step in numpy.
+
+All DP ranks of an instance step in lock-step. Each step the engine plans every rank's batch
+(per-rank arrays), prices it with the cost model (slowest rank for attention, most-loaded EP
+rank for the MoE), waits that long, then applies the step to its requests.
+
+- `PrefillEngine`: chunked prefill; hands finished prompts to the pipeline (KV transfer) and
+  keeps their KV until the pipeline releases it.
+- `DecodeEngine`: continuous batching in slot arrays.
+- `AggregatedEngine`: both in mixed steps: decode tokens first, prompt chunks in what is left of
+  max_num_batched_tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import simpy
+
+from simulator.cost import StepTime
+from simulator.des.chunks import Chunking, ChunkPlan, ChunkScheduler
+from simulator.des.experts import ExpertLoad
+from simulator.des.kvpool import KvPool
+from simulator.des.metrics import Recorder
+from simulator.des.prefix_cache import BlockLRU, cached_tokens
+from simulator.des.pricing import StepPricer
+from simulator.des.requests import RequestTable
+from simulator.des.slots import DecodeSlots
+from simulator.specs.deployment import RoleSpec
+
+
+class Sink(Protocol):
+    """Where an engine hands requests on (the run's pipeline)."""
+
+    def prefilled(self, engine: PrefillEngine, rank: int, rid: int) -> None:
+        """A P/D prefill finished; its KV stays on `rank` until `engine.release`."""
+
+    def admitted(self, engine: DecodeEngine, rank: int, slot: int, rid: int) -> None:
+        """A decode slot and KV space are reserved; call `engine.activate` once KV is there."""
+
+    def finished(self, rid: int) -> None:
+        """The request's last token is out (table.finish is set)."""
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every engine of a run shares."""
+
+    env: simpy.Environment
+    table: RequestTable
+    recorder: Recorder
+    sink: Sink
+    prefix_hit_rate: float
+    """Share of a prompt served from cache when the request carries no block ids."""
+
+
+class Engine:
+    """One instance: its ranks, pricer, KV pool, and the step loop."""
+
+    def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
+                 experts: ExpertLoad | None, kv_tokens: int) -> None:
+        self.shared, self.env, self.table = shared, shared.env, shared.table
+        self.name, self.spec, self.pricer, self.experts = name, spec, pricer, experts
+        self.dp = pricer.instance.dp
+        self.spec_tokens = pricer.instance.spec_tokens
+        self.kv = KvPool(self.dp, kv_tokens, lambda: self.env.now)
+        self._wake = self.env.event()
+        self._idle = False
+        self.env.process(self._loop())
+
+    # ---- the step loop -------------------------------------------------------------------
+
+    def _loop(self) -> Generator[Any, Any, None]:
+        while True:
+            plan = self.plan()
+            if plan is None:
+                self._idle, self._wake = True, self.env.event()
+                yield self._wake
+                continue
+            st = self.price(plan)
+            yield self.env.timeout(st.total_ms / 1e3)
+            self.apply(plan, st.total_ms / 1e3)
+
+    def poke(self) -> None:
+        """New work may be possible: wake the loop if it sleeps."""
+        if self._idle:
+            self._idle = False
+            self._wake.succeed()
+
+    def price(self, plan: StepPlan) -> StepTime:
+        tokens = float(plan.decode_requests.sum() * (1 + self.spec_tokens) + plan.tokens.sum())
+        expert_tokens = None
+        if self.experts is not None:
+            expert_tokens, imb = self.experts.step(tokens)
+            self.shared.recorder.imbalance(imb, tokens)
+        st = self.pricer.price(plan.decode_requests, plan.decode_context, plan.tokens,
+                               plan.requests, plan.context, expert_tokens)
+        self.shared.recorder.step(self.name, self.env.now, self.waiting(),
+                                  int(plan.decode_requests.sum() + plan.requests.sum()),
+                                  self.kv.use(), st, self.pricer.instance.ranks)
+        return st
+
+    # ---- what subclasses give ------------------------------------------------------------
+
+    def plan(self) -> StepPlan | None:
+        """The next step's work, or None when there is none."""
+        raise NotImplementedError
+
+    def apply(self, plan: StepPlan, seconds: float) -> None:
+        """The step of `plan` just ended."""
+        raise NotImplementedError
+
+    def waiting(self) -> int:
+        """Requests routed here and not admitted yet."""
+        raise NotImplementedError
+
+    def load_tokens(self) -> float:
+        raise NotImplementedError
+
+    def load_requests(self) -> float:
+        raise NotImplementedError
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _cache_lookup(self, cache: BlockLRU | None, rid: int) -> int:
+        """Set and return the cached prompt tokens of a request this instance takes."""
+        t = self.table
+        n, blocks = int(t.input_len[rid]), t.blocks[rid]
+        if blocks is not None and cache is not None:
+            cached = cached_tokens(cache.hits(blocks), n)
+        else:
+            cached = min(int(self.shared.prefix_hit_rate * n), n - 1)
+        t.cached[rid] = cached
+        return cached
+
+    def _finish(self, rids: np.ndarray | list[int]) -> None:
+        now = self.env.now
+        for rid in rids:
+            self.table.finish[rid] = now
+            self.shared.sink.finished(int(rid))
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's per-rank work: decode part and prefill part."""
+
+    decode_requests: np.ndarray
+    decode_context: np.ndarray
+    tokens: np.ndarray
+    """Prompt tokens of the prefill chunks."""
+    requests: np.ndarray
+    """Prefill chunks."""
+    context: np.ndarray
+    """Mean tokens already in KV for those chunks."""
+    chunks: ChunkPlan | None = None
+    stepped: np.ndarray | None = None
+    """Decode slots in the step (a snapshot: slots activated during the step wait)."""
+    fresh: np.ndarray | None = None
+    """Of those, the slots whose first decode step this is."""
+
+
+def _prefill_only(chunks: ChunkPlan, dp: int) -> StepPlan:
+    z = np.zeros(dp)
+    return StepPlan(z, z, chunks.tokens, chunks.requests, chunks.context, chunks)
+
+
+class PrefillEngine(Engine):
+    """A P/D prefill instance (or any instance in prefill_only mode, with `finish_at_prefill`)."""
+
+    def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
+                 experts: ExpertLoad | None, kv_tokens: int, cache: BlockLRU | None,
+                 finish_at_prefill: bool = False) -> None:
+        super().__init__(shared, name, spec, pricer, experts, kv_tokens)
+        self.cache, self.finish_at_prefill = cache, finish_at_prefill
+        self.chunks = ChunkScheduler(self.dp, spec.max_num_batched_tokens, spec.max_num_seqs,
+                                     self._admit)
+        self._blocked: set[int] = set()
+
+    def take(self, rid: int) -> None:
+        """A request routed here."""
+        cached = self._cache_lookup(self.cache, rid)
+        self.chunks.enqueue(rid, int(self.table.input_len[rid]) - cached, cached)
+        self.poke()
+
+    def _admit(self, rank: int, rid: int) -> int | None:
+        need = float(self.table.input_len[rid])
+        if not self.kv.fits(rank, need):
+            self._blocked.add(rank)
+            return None
+        self.kv.take(rank, need)
+        return 0
+
+    def release(self, rank: int, rid: int) -> None:
+        """The request's KV left this instance."""
+        self.kv.give(rank, float(self.table.input_len[rid]))
+        self.poke()
+
+    def plan(self) -> StepPlan | None:
+        if not self.chunks.has_work():
+            return None
+        self._blocked.clear()
+        chunks = self.chunks.plan()
+        for r in range(self.dp):
+            self.kv.note(r, r in self._blocked, len(self.chunks.queues[r]))
+        if not chunks.tokens.any():
+            return None  # all ranks wait for KV space; `release` wakes us
+        return _prefill_only(chunks, self.dp)
+
+    def apply(self, plan: StepPlan, seconds: float) -> None:
+        assert plan.chunks is not None
+        now = self.env.now
+        for rank, entry in self.chunks.advance(plan.chunks):
+            rid = entry.rid
+            self.table.prefill_done[rid] = now
+            blocks = self.table.blocks[rid]
+            if self.cache is not None and blocks is not None:
+                self.cache.insert(blocks)
+            if self.finish_at_prefill:
+                self.table.first_token[rid] = now
+                self.kv.give(rank, float(self.table.input_len[rid]))
+                self._finish([rid])
+            else:
+                self.shared.sink.prefilled(self, rank, rid)
+
+    def waiting(self) -> int:
+        return self.chunks.waiting()
+
+    def load_tokens(self) -> float:
+        return float(self.chunks.outstanding.sum())
+
+    def load_requests(self) -> float:
+        return float(self.chunks.requests().min())
+
+
+class DecodeEngine(Engine):
+    """A P/D decode instance (or a decode_only bench instance)."""
+
+    def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
+                 experts: ExpertLoad | None, kv_tokens: int) -> None:
+        super().__init__(shared, name, spec, pricer, experts, kv_tokens)
+        self.slots = DecodeSlots(self.dp, spec.max_num_seqs, self.kv)
+        self.accepted = pricer.accepted_per_request
+
+    def take(self, rid: int, context: float) -> None:
+        """A request whose KV (`context` tokens) is to come here."""
+        rank = int(np.argmin(self.slots.requests()))
+        self.slots.enqueue(rank, rid, context, float(self.table.output_len[rid]))
+        self._admit(rank)
+
+    def _admit(self, rank: int) -> None:
+        for rid, slot in self.slots.admit(rank):
+            self.shared.sink.admitted(self, rank, slot, rid)
+
+    def activate(self, rank: int, slot: int) -> None:
+        """The request's KV is in place."""
+        self.slots.activate(rank, slot)
+        self.poke()
+
+    def plan(self) -> StepPlan | None:
+        if not self.slots.active.any():
+            return None
+        n, ctx = self.slots.batch()
+        z = np.zeros(self.dp)
+        return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
+
+    def _snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.slots.active.copy(), self.slots.fresh.copy()
+
+    def apply(self, plan: StepPlan, seconds: float) -> None:
+        assert plan.stepped is not None and plan.fresh is not None
+        self.shared.recorder.itl(seconds, int(plan.stepped.sum() - plan.fresh.sum()))
+        first, finished, ranks = self.slots.advance(self.accepted, plan.stepped, plan.fresh)
+        self.table.first_token[first] = self.env.now
+        self._finish(finished)
+        for r in ranks:
+            self._admit(r)
+
+    def waiting(self) -> int:
+        return self.slots.waiting()
+
+    def load_tokens(self) -> float:
+        s = self.slots
+        return float(np.where(s.rid >= 0, s.target - s.generated, 0.0).sum())
+
+    def load_requests(self) -> float:
+        return float(self.slots.requests().min())
+
+
+class AggregatedEngine(DecodeEngine):
+    """An instance that prefills and decodes in mixed steps (no P/D)."""
+
+    def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
+                 experts: ExpertLoad | None, kv_tokens: int, cache: BlockLRU | None,
+                 finish_at_prefill: bool = False) -> None:
+        super().__init__(shared, name, spec, pricer, experts, kv_tokens)
+        self.cache, self.finish_at_prefill = cache, finish_at_prefill
+        self.chunks = ChunkScheduler(self.dp, spec.max_num_batched_tokens, spec.max_num_seqs,
+                                     self._reserve)
+        self._blocked: set[int] = set()
+
+    def take_prompt(self, rid: int) -> None:
+        """A request to prefill (and then decode) here."""
+        cached = self._cache_lookup(self.cache, rid)
+        self.chunks.enqueue(rid, int(self.table.input_len[rid]) - cached, cached)
+        self.poke()
+
+    def _reserve(self, rank: int, rid: int) -> int | None:
+        output = 0.0 if self.finish_at_prefill else float(self.table.output_len[rid])
+        slot = self.slots.reserve(rank, rid, float(self.table.input_len[rid]), output)
+        if slot is None and self.slots.has_free(rank):
+            self._blocked.add(rank)
+        return slot
+
+    def plan(self) -> StepPlan | None:
+        n, ctx = self.slots.batch()
+        if not self.chunks.has_work():
+            if not n.any():
+                return None
+            z = np.zeros(self.dp)
+            return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
+        budget = np.maximum(self.spec.max_num_batched_tokens - n * (1 + self.spec_tokens), 0)
+        self._blocked.clear()
+        chunks = self.chunks.plan(budget)
+        for r in range(self.dp):
+            self.kv.note(r, r in self._blocked, len(self.chunks.queues[r]))
+        if not n.any() and not chunks.tokens.any():
+            return None
+        return StepPlan(n, ctx, chunks.tokens, chunks.requests, chunks.context, chunks,
+                        *self._snapshot())
+
+    def apply(self, plan: StepPlan, seconds: float) -> None:
+        if plan.decode_requests.any():
+            super().apply(plan, seconds)
+        if plan.chunks is not None:
+            for rank, entry in self.chunks.advance(plan.chunks):
+                self._prompt_done(rank, entry)
+
+    def _prompt_done(self, rank: int, entry: Chunking) -> None:
+        rid, slot, now = entry.rid, entry.ref, self.env.now
+        self.table.prefill_done[rid] = now
+        self.table.first_token[rid] = now  # the last chunk's step samples the first token
+        blocks = self.table.blocks[rid]
+        if self.cache is not None and blocks is not None:
+            self.cache.insert(blocks)
+        if self.finish_at_prefill or self.table.output_len[rid] <= 1:
+            self.slots.finish_now(rank, slot)
+            self._finish([rid])
+            self._admit(rank)
+            self.poke()
+        else:
+            self.slots.activate(rank, slot, generated=1.0)
+
+    def waiting(self) -> int:
+        return self.slots.waiting() + self.chunks.waiting()
+
+    def load_tokens(self) -> float:
+        return super().load_tokens() + float(self.chunks.outstanding.sum())
+
+    def load_requests(self) -> float:
+        queued = np.array([len(q) for q in self.chunks.queues])
+        return float((self.slots.requests() + queued).min())

@@ -1,0 +1,49 @@
+"""KV-cache space of an instance's DP ranks, and the time requests spend waiting for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+
+class KvPool:
+    """Tokens of KV cache per DP rank: capacity, what is reserved, and a wait meter.
+
+    The meter integrates, over time, the number of requests queued on a rank while the rank
+    refused the request at the head of its queue for lack of KV space: the total time requests
+    waited for KV space.
+    """
+
+    def __init__(self, ranks: int, capacity: int, clock: Callable[[], float]) -> None:
+        self.capacity = int(capacity)
+        """Tokens one rank holds."""
+        self.used = np.zeros(ranks)
+        self.clock = clock
+        self.wait_s = 0.0
+        self._blocked = np.zeros(ranks, dtype=bool)
+        self._waiting = np.zeros(ranks, dtype=np.int64)
+        self._since = np.zeros(ranks)
+
+    def fits(self, rank: int, tokens: float) -> bool:
+        """Whether `tokens` more fit on `rank`; a request larger than a whole empty rank is let
+        in alone rather than waiting forever."""
+        used = self.used[rank]
+        return bool(used + tokens <= self.capacity or used == 0)
+
+    def take(self, rank: int, tokens: float) -> None:
+        self.used[rank] += tokens
+
+    def give(self, rank: int, tokens: float) -> None:
+        self.used[rank] = max(self.used[rank] - tokens, 0.0)
+
+    def note(self, rank: int, blocked: bool, waiting: int) -> None:
+        """After an admission attempt: whether the head was refused for KV, and the queue left."""
+        now = self.clock()
+        if self._blocked[rank]:
+            self.wait_s += (now - self._since[rank]) * self._waiting[rank]
+        self._blocked[rank], self._waiting[rank], self._since[rank] = blocked, waiting, now
+
+    def use(self) -> float:
+        """Share of the instance's KV space reserved, over all ranks."""
+        return float(self.used.sum() / max(self.capacity * len(self.used), 1))

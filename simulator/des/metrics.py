@@ -1,0 +1,206 @@
+"""What a run records, and the metrics it reports (the `simulate --json` key contract)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simulator.cost import StepTime
+
+BREAKDOWN = ("moe", "attention", "communication", "other")
+"""Shares of step time reported; the cost model's `dense` (dense MLP, lm_head) counts as other."""
+
+
+def percentiles(values: np.ndarray, qs: tuple[int, ...]) -> dict[str, float | None]:
+    """{"p50": ..., ..., "mean": ...} of `values` (NaN dropped); None for each when there are
+    none."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if not v.size:
+        return {**{f"p{q}": None for q in qs}, "mean": None}
+    return {**{f"p{q}": float(np.percentile(v, q)) for q in qs}, "mean": float(v.mean())}
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray,
+                         qs: tuple[int, ...]) -> dict[str, float | None]:
+    """Percentiles of `values` where each value counts `weights` times (lower percentile), and
+    the weighted mean."""
+    v, w = np.asarray(values, dtype=float), np.asarray(weights, dtype=float)
+    keep = w > 0
+    v, w = v[keep], w[keep]
+    if not v.size:
+        return {**{f"p{q}": None for q in qs}, "mean": None}
+    mean = float(np.average(v, weights=w))
+    order = np.argsort(v, kind="stable")
+    v, cum = v[order], np.cumsum(w[order])
+    out: dict[str, float | None] = {}
+    for q in qs:
+        i = int(np.searchsorted(cum, q / 100.0 * cum[-1], side="left"))
+        out[f"p{q}"] = float(v[min(i, len(v) - 1)])
+    out["mean"] = mean
+    return out
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """One instance over time, one point per engine step (at the step's start)."""
+
+    time: np.ndarray
+    """Simulated seconds."""
+    queue: np.ndarray
+    """Requests routed to the instance and not yet admitted."""
+    batch: np.ndarray
+    """Requests in the step: decoding plus prefill chunks, over all ranks."""
+    kv_use: np.ndarray
+    """Share of the instance's KV space reserved, in [0, 1]."""
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """Static facts about one simulated instance."""
+
+    role: str
+    ranks: int
+    gpus: tuple[int, ...]
+    """GPU ids the topology placed it on."""
+    kv_tokens_per_rank: int
+    a2a_gb_s: float
+    expert_imbalance: float
+    """Expected (max - mean) / mean of tokens per EP rank; 0 without expert parallelism."""
+
+
+class Recorder:
+    """Accumulates per-step facts while a run goes."""
+
+    def __init__(self) -> None:
+        self._points: dict[str, list[tuple[float, int, int, float]]] = {}
+        self.breakdown_ms = dict.fromkeys(BREAKDOWN, 0.0)
+        """GPU-milliseconds per category (step time x ranks of the instance)."""
+        self._imb_sum = 0.0
+        self._imb_tokens = 0.0
+        self._itl: list[tuple[float, int]] = []
+        self.steps = 0
+
+    def step(self, name: str, t: float, queue: int, batch: int, kv_use: float,
+             st: StepTime, ranks: int) -> None:
+        self.steps += 1
+        self._points.setdefault(name, []).append((t, queue, batch, kv_use))
+        for k, ms in st.breakdown.items():
+            self.breakdown_ms[k if k in self.breakdown_ms else "other"] += float(ms) * ranks
+
+    def imbalance(self, value: float, tokens: float) -> None:
+        """A step's EP imbalance, weighted by its tokens."""
+        self._imb_sum += value * tokens
+        self._imb_tokens += tokens
+
+    def itl(self, seconds: float, requests: int) -> None:
+        """A decode step gave `requests` requests their next (non-first) output."""
+        if requests:
+            self._itl.append((seconds, requests))
+
+    @property
+    def expert_imbalance(self) -> float:
+        return self._imb_sum / self._imb_tokens if self._imb_tokens else 0.0
+
+    def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self._itl:
+            return np.zeros(0), np.zeros(0)
+        a = np.array(self._itl, dtype=float)
+        return a[:, 0], a[:, 1]
+
+    def timelines(self) -> dict[str, Timeline]:
+        out = {}
+        for name, pts in self._points.items():
+            a = np.array(pts, dtype=float).reshape(-1, 4)
+            out[name] = Timeline(a[:, 0], a[:, 1].astype(np.int64), a[:, 2].astype(np.int64),
+                                 a[:, 3])
+        return out
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The outcome of one simulation; `metrics()` gives the JSON contract."""
+
+    gpus: int
+    """GPUs the throughput and cost are spread over (the running roles' in isolated modes)."""
+    prefill_gpus: int | None
+    """GPUs of the prefill role, when it ran."""
+    decode_gpus: int | None
+    """GPUs of the decode role, when it ran."""
+    usd_per_gpu_hour: float
+    duration_s: float
+    """Simulated seconds from the start to the last completion."""
+    ttft_s: np.ndarray
+    """Per completed request."""
+    tpot_s: np.ndarray
+    """Per completed request with more than one output token; NaN otherwise."""
+    e2e_s: np.ndarray
+    cached_input_tokens: int
+    uncached_input_tokens: int
+    output_tokens: int
+    itl_s: np.ndarray
+    """Decode step durations seen by requests past their first token..."""
+    itl_weight: np.ndarray
+    """...and how many requests saw each."""
+    breakdown_ms: dict[str, float]
+    expert_imbalance: float
+    kv_admission_wait_s: float
+    timelines: dict[str, Timeline] = field(repr=False)
+    instances: dict[str, InstanceInfo] = field(repr=False)
+    steps: int = 0
+    """Engine steps simulated over all instances."""
+    priced_steps: int = 0
+    """Distinct (rounded) step signatures the cost model priced."""
+
+    @property
+    def completed(self) -> int:
+        return len(self.ttft_s)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.cached_input_tokens + self.uncached_input_tokens + self.output_tokens
+
+    def metrics(self) -> dict[str, Any]:
+        """The `simulate --json` object (DESIGN.md): plain numbers, None for absent roles."""
+        d = self.duration_s if self.duration_s > 0 else float("nan")
+        inputs = self.cached_input_tokens + self.uncached_input_tokens
+        per_gpu = self.total_tokens / d / self.gpus
+        gpu_hours = self.gpus * d / 3600.0
+        cost = (self.usd_per_gpu_hour * gpu_hours / (self.total_tokens / 1e6)
+                if self.total_tokens else None)
+        busy = sum(self.breakdown_ms.values())
+        tpot_ms = self.tpot_s * 1e3
+        with np.errstate(divide="ignore", invalid="ignore"):
+            user = np.where(self.tpot_s > 0, 1.0 / self.tpot_s, np.nan)
+        qs = (50, 90, 99)
+        out: dict[str, Any] = {
+            "gpus": self.gpus,
+            "duration_s": _num(self.duration_s),
+            "completed": self.completed,
+            "throughput_tok_s_gpu": _num(per_gpu),
+            "output_tok_s_gpu": _num(self.output_tokens / d / self.gpus),
+            "prefill_input_tok_s_gpu": (_num(inputs / d / self.prefill_gpus)
+                                        if self.prefill_gpus else None),
+            "decode_output_tok_s_gpu": (_num(self.output_tokens / d / self.decode_gpus)
+                                        if self.decode_gpus else None),
+            "ttft_ms": percentiles(self.ttft_s * 1e3, qs),
+            "tpot_ms": percentiles(tpot_ms, qs),
+            "itl_ms": weighted_percentiles(self.itl_s * 1e3, self.itl_weight, qs),
+            "tok_s_user": percentiles(user, (50, 90)),
+            "step_breakdown": {k: (self.breakdown_ms[k] / busy if busy else 0.0)
+                               for k in BREAKDOWN},
+            "expert_imbalance": float(self.expert_imbalance),
+            "cost_per_mtok_usd": _num(cost),
+            "cached_input_tokens": self.cached_input_tokens,
+            "uncached_input_tokens": self.uncached_input_tokens,
+            "output_tokens": self.output_tokens,
+            "kv_admission_wait_s": float(self.kv_admission_wait_s),
+        }
+        return out

@@ -1,0 +1,88 @@
+"""Memoized step pricing: `simulator.cost.step_time` on a rounded batch signature.
+
+The cost model charges the slowest DP rank for attention and dense work and the most-loaded EP
+rank for the MoE, so a step's time depends on the ranks only through maxima of per-rank
+costs that grow with each rank's decode requests, decode context, prefill tokens, prefill
+requests and prefill context. Two reductions follow, and they make the signature small:
+
+1. every per-rank value is rounded to `bits` significant bits (6: within 0.8%; integers below
+   64 stay exact), and so is the largest EP rank's assignment count;
+2. a rank whose rounded row is dominated (no larger in any column) by another rank's row cannot
+   set any maximum, so only the Pareto front of the rows is kept, sorted.
+
+The step is priced once per distinct signature, on a batch made of the front's rows (padded to
+the DP size by repeating the first), and the price is reused; identical signatures in different
+runs of the same process are priced again (the memo belongs to the pricer, the pricer to a run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.calibration import Calibration
+from simulator.cost import Batch, Instance, StepTime, step_time
+
+
+def round_bits(x: np.ndarray, bits: int) -> np.ndarray:
+    """`x` (>= 0) rounded to `bits` significant bits."""
+    m, e = np.frexp(np.asarray(x, dtype=float))
+    scale = float(1 << bits)
+    out: np.ndarray = np.ldexp(np.round(m * scale) / scale, e)
+    return out
+
+
+def pareto_front(rows: np.ndarray) -> np.ndarray:
+    """Unique rows not dominated by another row (all columns >=, one >), in sorted order."""
+    if len(rows) > 1:
+        rows = rows[np.lexsort(rows.T[::-1])]
+        rows = rows[np.concatenate(([True], np.any(rows[1:] != rows[:-1], axis=1)))]
+    if len(rows) <= 1:
+        return rows
+    ge: np.ndarray = np.all(rows[None, :, :] >= rows[:, None, :], axis=2)  # row j >= row i
+    np.fill_diagonal(ge, False)
+    front: np.ndarray = rows[~np.any(ge, axis=1)]
+    return front
+
+
+class StepPricer:
+    """Prices steps of one cost-model instance, remembering each rounded signature."""
+
+    def __init__(self, instance: Instance, calibration: Calibration, bits: int = 6) -> None:
+        self.instance, self.calibration, self.bits = instance, calibration, bits
+        self._memo: dict[tuple[bytes, float], StepTime] = {}
+        self.calls = 0
+        """Steps priced through this pricer."""
+        probe = step_time(instance, Batch.decode(instance.dp, 1, 1), calibration)
+        self.accepted_per_request = probe.tokens / instance.dp
+        """Tokens a decode request gains per step (1, or more with speculative decoding)."""
+
+    @property
+    def misses(self) -> int:
+        """Distinct signatures priced by the cost model."""
+        return len(self._memo)
+
+    def price(self, decode_requests: np.ndarray, decode_context: np.ndarray,
+              prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
+              prefill_context: np.ndarray, expert_tokens: np.ndarray | None) -> StepTime:
+        """The StepTime of one step; arrays have one entry per DP rank (expert_tokens per EP
+        rank, most-loaded first, or None when the instance has no expert parallelism)."""
+        self.calls += 1
+        cols = np.stack([decode_requests, decode_context, prefill_tokens, prefill_requests,
+                         prefill_context], axis=1)
+        rows = pareto_front(round_bits(cols, self.bits))
+        top = 0.0 if expert_tokens is None else float(
+            round_bits(np.array([expert_tokens[0]]), self.bits)[0])
+        key = (rows.tobytes(), top)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        dp = self.instance.dp
+        padded = np.concatenate([rows, np.repeat(rows[:1], dp - len(rows), axis=0)])
+        experts = None
+        if expert_tokens is not None and expert_tokens[0] > 0:
+            experts = expert_tokens * (top / float(expert_tokens[0]))
+        batch = Batch(padded[:, 0], padded[:, 1], padded[:, 2], padded[:, 3], padded[:, 4],
+                      expert_tokens=experts)
+        priced = step_time(self.instance, batch, self.calibration)
+        self._memo[key] = priced
+        return priced

@@ -1,0 +1,148 @@
+"""Continuous batching of decode requests on an instance's DP ranks, as numpy slot arrays.
+
+Each rank has `max_num_seqs` slots. A request routed to a rank waits in the rank's queue until a
+slot is free and the KV space of its whole context (prompt + all output) can be reserved; it
+holds both until it finishes, so no request is preempted. A reserved slot turns active once its
+KV is in place (after the KV transfer in P/D, after the prompt in an aggregated instance). One
+step advances every active slot of every rank at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from simulator.des.kvpool import KvPool
+
+DONE_EPS = 1e-6
+"""Tolerance when comparing generated tokens (fractional with speculative decoding) to lengths."""
+
+
+class DecodeSlots:
+    """Slot arrays of shape (ranks, max_num_seqs)."""
+
+    def __init__(self, ranks: int, max_seqs: int, kv: KvPool) -> None:
+        shape = (ranks, max_seqs)
+        self.kv = kv
+        self.rid = np.full(shape, -1, dtype=np.int64)
+        """Request id per slot; -1: free."""
+        self.active = np.zeros(shape, dtype=bool)
+        """Slot decodes this step."""
+        self.fresh = np.zeros(shape, dtype=bool)
+        """Active slot whose first decode step has not ended yet."""
+        self.context = np.zeros(shape)
+        self.generated = np.zeros(shape)
+        self.target = np.zeros(shape)
+        self.reserved = np.zeros(shape)
+        self.held = np.zeros(ranks, dtype=np.int64)
+        """Slots reserved per rank (active or not)."""
+        self.queues: list[deque[tuple[int, float, float]]] = [deque() for _ in range(ranks)]
+        """Per rank: (request id, context, output tokens) waiting for a slot."""
+        self.queued = np.zeros(ranks, dtype=np.int64)
+        """Requests per rank in `queues`."""
+        self._free: list[list[int]] = [list(range(max_seqs - 1, -1, -1)) for _ in range(ranks)]
+
+    @property
+    def ranks(self) -> int:
+        return len(self.queues)
+
+    def requests(self) -> np.ndarray:
+        """Requests per rank: reserved slots plus queued."""
+        out: np.ndarray = self.held + self.queued
+        return out
+
+    def waiting(self) -> int:
+        return int(self.queued.sum())
+
+    def enqueue(self, rank: int, rid: int, context: float, output: float) -> None:
+        self.queues[rank].append((rid, context, output))
+        self.queued[rank] += 1
+
+    def reserve(self, rank: int, rid: int, context: float, output: float) -> int | None:
+        """Hold a free slot of `rank` and KV for the whole context; the slot, or None when
+        either is lacking."""
+        free = self._free[rank]
+        need = context + output
+        if not free or not self.kv.fits(rank, need):
+            return None
+        slot = free.pop()
+        self.kv.take(rank, need)
+        self.rid[rank, slot] = rid
+        self.context[rank, slot] = context
+        self.generated[rank, slot] = 0.0
+        self.target[rank, slot] = output
+        self.reserved[rank, slot] = need
+        self.held[rank] += 1
+        return slot
+
+    def admit(self, rank: int) -> list[tuple[int, int]]:
+        """Reserve slots for queued requests of `rank`, in order, while slots and KV are free.
+        Returns (request id, slot) of those admitted."""
+        q = self.queues[rank]
+        got: list[tuple[int, int]] = []
+        while q and self._free[rank]:
+            rid, context, output = q[0]
+            slot = self.reserve(rank, rid, context, output)
+            if slot is None:
+                break
+            q.popleft()
+            self.queued[rank] -= 1
+            got.append((rid, slot))
+        self.kv.note(rank, bool(q) and bool(self._free[rank]), len(q))
+        return got
+
+    def has_free(self, rank: int) -> bool:
+        return bool(self._free[rank])
+
+    def activate(self, rank: int, slot: int, generated: float = 0.0) -> None:
+        """The slot's KV is in place: it decodes from the next step on."""
+        self.active[rank, slot] = True
+        self.fresh[rank, slot] = generated == 0.0
+        self.generated[rank, slot] = generated
+        self.context[rank, slot] += generated
+
+    def batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """Decode requests per rank and their mean context."""
+        n = self.active.sum(axis=1)
+        ctx = np.where(self.active, self.context, 0.0).sum(axis=1)
+        return n.astype(float), np.divide(ctx, n, out=np.zeros(len(n)), where=n > 0)
+
+    def advance(self, tokens: float, stepped: np.ndarray,
+                fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """End a step in which the slots of mask `stepped` (the active ones when the step was
+        planned; slots activated since wait for the next step) each gained `tokens` tokens, and
+        those of mask `fresh` got their first.
+
+        Returns the ids of requests whose first token came out of this step, the ids of the
+        requests that finished (their slots and KV are freed), and the ranks that freed slots.
+        """
+        a = stepped
+        self.generated[a] += tokens
+        self.context[a] += tokens
+        first = self.rid[fresh]
+        self.fresh[fresh] = False
+        done = a & (self.generated >= self.target - DONE_EPS)
+        finished = self.rid[done]
+        ranks: list[int] = []
+        if finished.size:
+            self.kv.used -= np.where(done, self.reserved, 0.0).sum(axis=1)
+            np.maximum(self.kv.used, 0.0, out=self.kv.used)
+            freed = done.sum(axis=1)
+            self.held -= freed
+            for r, s in zip(*np.nonzero(done), strict=True):
+                self._free[r].append(int(s))
+            self.rid[done] = -1
+            self.active[done] = False
+            self.reserved[done] = 0.0
+            ranks = [int(r) for r in np.flatnonzero(freed)]
+        return first, finished, ranks
+
+    def finish_now(self, rank: int, slot: int) -> None:
+        """Free a slot whose request needs no decode step (one output token, made by prefill)."""
+        self.kv.give(rank, self.reserved[rank, slot])
+        self.held[rank] -= 1
+        self._free[rank].append(slot)
+        self.rid[rank, slot] = -1
+        self.active[rank, slot] = False
+        self.reserved[rank, slot] = 0.0

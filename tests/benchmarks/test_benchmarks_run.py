@@ -1,0 +1,25 @@
+"""The benchmark scripts run (on a small size) and print their figures."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str) -> str:
+    r = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_simulate_speed_prints_wall_time_rate_and_memory():
+    out = run("benchmarks/simulate_speed.py", "--requests", "300")
+    assert "wall time:" in out and "for 300 requests" in out
+    assert "simulated tokens per wall-second" in out and "peak memory" in out
+
+
+def test_calibration_load_prints_every_table():
+    out = run("benchmarks/calibration_load.py", "h200")
+    assert "8/8 tables" in out

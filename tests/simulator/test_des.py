@@ -1,0 +1,330 @@
+"""Tests for simulator.des: hand-computable cases of the discrete-event simulation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simpy
+
+from simulator.calibration import load_calibration
+from simulator.cost import (
+    Batch,
+    Instance,
+    check_memory,
+    instance_from_role,
+    rank_memory,
+    step_time,
+)
+from simulator.des import ExpertLoad, SimOptions, power_law_popularity, read_trace, simulate
+from simulator.des.chunks import ChunkScheduler
+from simulator.des.kvpool import KvPool
+from simulator.des.prefix_cache import BlockLRU, cached_tokens
+from simulator.des.pricing import StepPricer, pareto_front, round_bits
+from simulator.des.slots import DecodeSlots
+from simulator.des.transfer import KvNetwork
+from simulator.specs.deployment import Deployment, RoleSpec, Speculative
+from simulator.specs.errors import SpecError
+from simulator.specs.hardware import load_hardware
+from simulator.specs.model import load_model
+from simulator.specs.topology import InstanceRequest, Topology
+from simulator.specs.workload import (
+    ClosedArrival,
+    FixedLength,
+    PoissonArrival,
+    Sessions,
+    TraceArrival,
+    UniformLength,
+    Workload,
+)
+
+DATA = Path(__file__).parent.parent / "data"
+TRACE = DATA / "mooncake_conversation_50.jsonl"
+MODEL = load_model("deepseek-v3")
+H200 = load_hardware("h200")
+CAL = load_calibration(H200)
+UNIFORM = np.ones(MODEL.n_routed_experts)
+"""Recorded expert counts that load every expert alike: EP ranks get equal shares."""
+
+
+def pd(prefill: RoleSpec | None = None, decode: RoleSpec | None = None) -> Deployment:
+    return Deployment(model="deepseek-v3", hardware="h200",
+                      prefill=prefill or RoleSpec(dep=8), decode=decode or RoleSpec(dep=8))
+
+
+def closed(n: int, concurrency: int, inp: int, out: int, **kw: object) -> Workload:
+    return Workload(arrival=ClosedArrival(concurrency=concurrency), requests=n,
+                    input_tokens=FixedLength(value=inp), output_tokens=FixedLength(value=out),
+                    **kw)
+
+
+def cost_instance(role: str, spec: RoleSpec, gb_s: float = 450.0) -> Instance:
+    return instance_from_role(MODEL, H200, role, spec, "fp8", "fp8", a2a_gb_s=gb_s)
+
+
+def one_rank_step(inst: Instance, decode: bool, tokens: int) -> float:
+    """Seconds of a step in which rank 0 alone works (a decode request over `tokens` of context,
+    or a prefill of `tokens`) while the other ranks idle in lock-step."""
+    busy, idle = np.eye(inst.dp)[0], np.zeros(inst.dp)
+    batch = (Batch(busy, busy * tokens, idle, idle, idle) if decode
+             else Batch(idle, idle, busy * tokens, busy, idle))
+    with np.errstate(divide="ignore"):  # the cost model takes log(0) for idle ranks' GEMMs
+        return step_time(inst, batch, CAL).total_ms / 1e3
+
+
+# ---- end-to-end, hand-computable ------------------------------------------------------------
+
+
+def test_decode_only_throughput_is_batch_times_ranks_times_accepted_over_step_time() -> None:
+    spec = RoleSpec(dep=8, speculative=Speculative(tokens=1, acceptance=0.8))
+    batch, ranks, out, ctx = 16, 8, 36, 2000  # 36 tokens at 1.8 per step: 20 steps
+    wl = closed(batch * ranks, batch * ranks, 100, out, mode="decode_only", context_tokens=ctx)
+    res = simulate(pd(decode=spec), wl, expert_counts=UNIFORM)
+    m = res.metrics()
+    assert m["completed"] == batch * ranks and m["gpus"] == ranks
+    assert m["prefill_input_tok_s_gpu"] is None
+    accepted = 1 + 0.8
+    step = step_time(cost_instance("decode", spec), Batch.decode(ranks, batch, ctx + out / 2),
+                     CAL)
+    assert step.tokens == pytest.approx(batch * ranks * accepted)
+    expected = batch * ranks * accepted / (step.total_ms / 1e3) / ranks
+    assert m["decode_output_tok_s_gpu"] == pytest.approx(expected, rel=0.01)
+    assert res.steps == out / accepted
+    assert m["cached_input_tokens"] == batch * ranks * ctx and m["uncached_input_tokens"] == 0
+
+
+def test_lone_request_ttft_is_prefill_step_plus_kv_transfer_plus_first_decode_step() -> None:
+    inp = 2048  # a power of two: the memoized pricing is exact
+    res = simulate(pd(), closed(1, 1, inp, 10), expert_counts=UNIFORM)
+    placement = Topology.build(H200, 16).place(
+        [InstanceRequest("prefill-0", 8), InstanceRequest("decode-0", 8)])
+    prefill = one_rank_step(cost_instance("prefill", RoleSpec(dep=8)), False, inp)
+    kv_s = MODEL.kv_bytes(inp, "fp8") / (placement.transfer_gb_s("prefill-0", "decode-0") * 1e9)
+    decode = one_rank_step(cost_instance("decode", RoleSpec(dep=8)), True, inp)
+    expected = prefill + kv_s + decode
+    assert res.ttft_s[0] == pytest.approx(expected, rel=1e-9)
+    assert kv_s > 0
+
+
+def _lockstep_ttft(tmp_path: Path, lengths: list[int]) -> np.ndarray:
+    path = tmp_path / f"trace{len(lengths)}-{lengths[0]}.csv"
+    rows = ["timestamp,input_length,output_length"] + [f"0,{n},1" for n in lengths]
+    path.write_text("\n".join(rows) + "\n")
+    wl = Workload(arrival=TraceArrival(path=str(path)), requests=len(lengths),
+                  mode="prefill_only")
+    res = simulate(pd(), wl, expert_counts=UNIFORM)
+    assert res.metrics()["decode_output_tok_s_gpu"] is None
+    return res.ttft_s
+
+
+def test_one_long_request_on_one_rank_slows_every_rank(tmp_path: Path) -> None:
+    even = _lockstep_ttft(tmp_path, [1000] * 8)  # one request per rank
+    skewed = _lockstep_ttft(tmp_path, [8000] + [1000] * 7)  # the long one lands on rank 0
+    assert np.ptp(even) == 0 and np.ptp(skewed) == 0  # one lock-step step ends them all
+    assert skewed[1] > 2 * even[1]
+
+
+def test_redundant_experts_balance_ep_ranks_and_cost_kv_capacity() -> None:
+    pop = power_law_popularity(np.random.default_rng(3), MODEL.moe_layers, 256)
+    plain = ExpertLoad(pop, 8, 0, MODEL.top_k)
+    eplb = ExpertLoad(pop, 8, 32, MODEL.top_k)
+    assert plain.expected_imbalance > 0.1
+    assert eplb.expected_imbalance < plain.expected_imbalance / 10
+    per_rank, _ = plain.step(1000)
+    assert per_rank.sum() == pytest.approx(1000 * MODEL.top_k)
+    assert per_rank.max() / per_rank.mean() == pytest.approx(1 + plain.expected_imbalance,
+                                                              rel=0.2)
+
+    wl = closed(64, 64, 100, 4, mode="decode_only")
+    runs = {r: simulate(pd(decode=RoleSpec(dep=8, redundant_experts=r)), wl) for r in (0, 32)}
+    assert runs[32].metrics()["expert_imbalance"] < runs[0].metrics()["expert_imbalance"]
+    kv = {r: res.instances["decode-0"].kv_tokens_per_rank for r, res in runs.items()}
+    assert kv[32] < kv[0]
+    assert kv[0] == check_memory("decode", MODEL, H200, RoleSpec(dep=8), "fp8", "fp8").kv_tokens
+
+
+def test_same_seed_gives_identical_json_and_another_seed_does_not() -> None:
+    wl = Workload(arrival=PoissonArrival(rate=20), requests=40,
+                  input_tokens=UniformLength(low=200, high=3000),
+                  output_tokens=UniformLength(low=5, high=60), prefix_hit_rate=0.3, seed=5)
+    dep = pd(prefill=RoleSpec(instances=2, dep=8))
+    a, b = (json.dumps(simulate(dep, wl).metrics(), sort_keys=True) for _ in range(2))
+    assert a == b
+    c = json.dumps(simulate(dep, wl.model_copy(update={"seed": 6})).metrics(), sort_keys=True)
+    assert c != a
+
+
+def test_trace_replay_reads_mooncake_rows_and_finds_prefix_hits() -> None:
+    trace = read_trace(TRACE)
+    assert len(trace) == 50 and trace.blocks[0] is not None
+    assert read_trace(TRACE, time_scale=2.0).arrival_s[-1] == pytest.approx(
+        2 * trace.arrival_s[-1])
+    wl = Workload(arrival=TraceArrival(path=str(TRACE)), requests=50)
+    m = simulate(pd(), wl).metrics()
+    assert m["completed"] == 50
+    assert m["cached_input_tokens"] > 0
+    assert m["cached_input_tokens"] + m["uncached_input_tokens"] == int(trace.input_len.sum())
+    assert m["output_tokens"] == int(trace.output_len.sum())
+
+
+def test_sessions_hit_the_prefix_cache_with_the_previous_context() -> None:
+    wl = closed(12, 4, 1000, 100, sessions=Sessions(turns=3))
+    m = simulate(pd(), wl).metrics()
+    # Prompts 1000, 2100, 3200: turn 2 reuses 1 full block of turn 1, turn 3 reuses 4 of turn 2.
+    assert m["cached_input_tokens"] == 4 * (512 + 4 * 512)
+    assert m["uncached_input_tokens"] == 4 * (1000 + 2100 + 3200) - m["cached_input_tokens"]
+    with pytest.raises(SpecError, match="sessions cannot be combined with trace"):
+        simulate(pd(), Workload(arrival=TraceArrival(path=str(TRACE)),
+                                sessions=Sessions(turns=2)))
+
+
+def test_aggregated_lone_request_gets_its_first_token_from_the_prefill_step() -> None:
+    spec = RoleSpec(dep=8)
+    dep = Deployment(model="deepseek-v3", hardware="h200", aggregated=spec)
+    res = simulate(dep, closed(1, 1, 2048, 3), expert_counts=UNIFORM)
+    prefill = one_rank_step(cost_instance("aggregated", spec), False, 2048)
+    assert res.ttft_s[0] == pytest.approx(prefill, rel=1e-9)
+    m = res.metrics()
+    assert m["prefill_input_tok_s_gpu"] is None and m["decode_output_tok_s_gpu"] is None
+    assert m["output_tokens"] == 3 and res.steps == 3  # prefill (token 1) + 2 decode steps
+
+
+def test_aggregated_serves_many_in_mixed_steps() -> None:
+    dep = Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(dep=8))
+    res = simulate(dep, closed(64, 32, 3000, 20))
+    assert res.completed == 64
+    assert res.timelines["aggregated-0"].batch.max() > 8
+
+
+def test_full_decode_kv_makes_requests_wait_for_admission() -> None:
+    spec = RoleSpec(dep=8)
+    mem = rank_memory(MODEL, H200, spec, "fp8", "fp8")
+    util = (mem.weights + mem.activations + mem.reserve + 20_000 * mem.kv_bytes_per_token) / (
+        H200.hbm_bytes)
+    small = RoleSpec(dep=8, gpu_memory_utilization=round(util, 4))
+    wl = closed(64, 64, 100, 50, mode="decode_only", context_tokens=4000)  # 4 of 8 per rank fit
+    tight = simulate(pd(decode=small), wl)
+    roomy = simulate(pd(decode=spec), wl)
+    assert tight.completed == roomy.completed == 64
+    assert roomy.kv_admission_wait_s == 0
+    assert tight.kv_admission_wait_s > 0
+    assert tight.timelines["decode-0"].kv_use.max() <= 1.0
+    assert tight.duration_s > roomy.duration_s
+
+
+def test_prefill_only_counts_prefill_gpus_and_one_output_token() -> None:
+    dep = pd(prefill=RoleSpec(instances=2, dep=8))
+    m = simulate(dep, closed(32, 16, 4000, 500, mode="prefill_only")).metrics()
+    assert m["gpus"] == 16 and m["decode_output_tok_s_gpu"] is None
+    assert m["output_tokens"] == 32 and m["tpot_ms"]["p50"] is None
+    assert m["prefill_input_tok_s_gpu"] == pytest.approx(32 * 4000 / m["duration_s"] / 16)
+
+
+def test_progress_and_timelines() -> None:
+    seen: list[float] = []
+    res = simulate(pd(), closed(20, 8, 500, 5), progress=seen.append)
+    assert seen[-1] == 1.0 and seen == sorted(seen)
+    assert set(res.timelines) == {"prefill-0", "decode-0"}
+    for tl in res.timelines.values():
+        assert np.all(np.diff(tl.time) >= 0) and len(tl.time) == len(tl.kv_use)
+
+
+def test_multinomial_expert_sampling_is_seeded() -> None:
+    opts = SimOptions(expert_sampling="multinomial")
+    a, b = (simulate(pd(), closed(8, 8, 500, 5), options=opts).metrics() for _ in range(2))
+    assert a == b and a["expert_imbalance"] > 0
+
+
+# ---- parts -----------------------------------------------------------------------------------
+
+
+def test_pricer_matches_the_cost_model_on_a_ragged_batch() -> None:
+    inst = cost_instance("decode", RoleSpec(dep=8))
+    rng = np.random.default_rng(1)
+    n, ctx = rng.integers(20, 60, 8).astype(float), rng.uniform(1000, 3000, 8)
+    z = np.zeros(8)
+    experts = np.full(8, n.sum() * MODEL.top_k / 8)
+    pricer = StepPricer(inst, CAL)
+    got = pricer.price(n, ctx, z, z, z, experts)
+    want = step_time(inst, Batch(n, ctx, z, z, z, expert_tokens=experts), CAL)
+    assert got.total_ms == pytest.approx(want.total_ms, rel=0.01)
+    assert pricer.price(n + 0.1, ctx, z, z, z, experts) is got  # same signature: memoized
+    assert pricer.accepted_per_request == 1.0
+
+
+def test_rounding_and_pareto_front() -> None:
+    assert list(round_bits(np.array([0.0, 51, 63, 2000, 2048]), 6)) == [0, 51, 63, 1984, 2048]
+    rows = np.array([[1, 5], [2, 4], [1, 4], [2, 4], [0, 0]], dtype=float)
+    assert pareto_front(rows).tolist() == [[1, 5], [2, 4]]
+
+
+def test_kv_transfers_share_the_link() -> None:
+    env = simpy.Environment()
+    net = KvNetwork(env, lambda src, dst, k: 10.0 / k)  # 10 GB/s shared by k transfers
+    done: dict[str, float] = {}
+
+    def start(name: str, nbytes: float, at: float) -> Generator[simpy.Event, object, None]:
+        yield env.timeout(at)
+        yield net.send("p", "d", nbytes)
+        done[name] = env.now
+
+    env.process(start("a", 1e9, 0.0))
+    env.process(start("b", 1e9, 0.0))
+    env.process(start("c", 1e9, 1.0))
+    env.run()
+    assert done["a"] == pytest.approx(0.2) and done["b"] == pytest.approx(0.2)
+    assert done["c"] == pytest.approx(1.1)
+
+
+def test_prefix_lru_stops_at_the_first_miss_and_evicts_oldest() -> None:
+    lru = BlockLRU(3)
+    lru.insert([1, 2, 3])
+    assert lru.hits([1, 2, 9, 3]) == 2
+    lru.insert([4])  # evicts 3, the least recently used (1 and 2 were just hit)
+    assert lru.hits([1, 2, 3]) == 2 and len(lru) == 3
+    assert cached_tokens(4, 2048) == 2047 and cached_tokens(1, 2048) == 512
+
+
+def test_chunked_prefill_splits_a_long_prompt_over_steps() -> None:
+    sched = ChunkScheduler(2, 8192, 256, lambda rank, rid: 0)
+    assert sched.enqueue(0, 20000, 0) == 0 and sched.enqueue(1, 100, 0) == 1
+    plans = []
+    while sched.has_work():
+        plan = sched.plan()
+        plans.append(plan.tokens.tolist())
+        sched.advance(plan)
+    assert plans == [[8192, 100], [8192, 0], [3616, 0]]
+
+
+def test_a_slot_activated_during_a_step_joins_the_next_one() -> None:
+    kv = KvPool(1, 10_000, lambda: 0.0)
+    slots = DecodeSlots(1, 4, kv)
+    a = slots.reserve(0, 7, 100, 3)
+    b = slots.reserve(0, 8, 100, 3)
+    assert a is not None and b is not None and kv.used[0] == 206
+    slots.activate(0, a)
+    stepped, fresh = slots.active.copy(), slots.fresh.copy()  # the step is planned
+    slots.activate(0, b)  # b's KV arrives mid-step
+    first, finished, _ = slots.advance(1.0, stepped, fresh)
+    assert first.tolist() == [7] and not finished.size
+    assert slots.generated[0, a] == 1 and slots.generated[0, b] == 0
+    for _ in range(2):
+        _, finished, ranks = slots.advance(1.0, slots.active.copy(), slots.fresh.copy())
+    assert finished.tolist() == [7] and ranks == [0] and kv.used[0] == 103
+
+
+def test_csv_trace_with_hash_ids_and_bad_traces(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text('timestamp,input_length,output_length,hash_ids\n'
+                    '1000,600,5,"[0, 1]"\n0,100,2,\n')
+    trace = read_trace(path, time_scale=0.5)
+    assert trace.arrival_s.tolist() == [0.0, 0.5]  # sorted by time, scaled
+    assert trace.blocks == [None, (0, 1)] and trace.input_len.tolist() == [100, 600]
+    (tmp_path / "bad.csv").write_text("timestamp,input_length\n0,5\n")
+    with pytest.raises(SpecError, match="lacks the column"):
+        read_trace(tmp_path / "bad.csv")
+    with pytest.raises(SpecError, match="does not exist"):
+        read_trace(tmp_path / "missing.jsonl")

@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from simulator.specs.errors import SpecError
@@ -106,6 +110,120 @@ def cmd_step(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from simulator.des import simulate
+    from simulator.specs.loading import load_deployment, load_workload
+    from simulator.specs.workload import Workload
+
+    deployment = load_deployment(Path(args.deployment))
+    workload = load_workload(Path(args.workload)) if args.workload else Workload()
+    with _progress("simulating", total=1.0) as advance:
+        result = simulate(deployment, workload, progress=advance)
+    metrics = result.metrics()
+    if args.json:
+        _print_json(metrics)
+        return 0
+    _print_metrics(metrics)
+    return 0
+
+
+def _print_metrics(m: dict[str, Any]) -> None:
+    c = _console()
+    t = Table(title=f"{m['completed']} requests in {m['duration_s']:.1f} simulated s on "
+                    f"{m['gpus']} GPUs")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("throughput per GPU (all tokens)", f"{m['throughput_tok_s_gpu']:,.0f} tok/s"),
+        ("output per GPU", f"{m['output_tok_s_gpu']:,.0f} tok/s"),
+        ("prefill input per prefill GPU", _fmt(m.get("prefill_input_tok_s_gpu"), "tok/s")),
+        ("decode output per decode GPU", _fmt(m.get("decode_output_tok_s_gpu"), "tok/s")),
+        ("TTFT p50 / p90 / p99", _pct(m["ttft_ms"], "ms")),
+        ("TPOT p50 / p90 / p99", _pct(m["tpot_ms"], "ms")),
+        ("ITL p50 / p90 / p99", _pct(m["itl_ms"], "ms")),
+        ("tokens/s per user p50 / p90", " / ".join(_num(m["tok_s_user"][k], ",.1f")
+                                                   for k in ("p50", "p90"))),
+        ("expert imbalance (max-mean)/mean", _num(m["expert_imbalance"], ".3f")),
+        ("$ per million tokens", _num(m["cost_per_mtok_usd"], ".3f")),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    share = ", ".join(f"{k} {_num(v, '.0%')}" for k, v in m["step_breakdown"].items())
+    t.add_row("step time shares", share)
+    c.print(t)
+
+
+def _num(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    return "-" if v is None else f"{v:,.0f} {unit}"
+
+
+def _pct(d: dict[str, float | None], unit: str) -> str:
+    return " / ".join(_num(d[k], ",.1f") for k in ("p50", "p90", "p99")) + f" {unit}"
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from simulator.validate import load_rows, summarize, validate
+
+    rows = load_rows()
+    for col, want in (("backend", args.backend), ("system", args.system), ("mode", args.mode)):
+        if want:
+            if want not in set(rows[col]):
+                raise SpecError(f"--{col}={want!r} matches no row; valid: "
+                                f"{', '.join(sorted(set(rows[col])))}")
+            rows = rows[rows[col] == want]
+    if args.sample and args.sample < len(rows):
+        rows = rows.sample(args.sample, random_state=args.seed).sort_index()
+    with _progress("validating", total=float(len(rows))) as advance:
+        df = validate(rows, progress=lambda done, _total: advance(float(done)))
+    report = summarize(df)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    df.to_csv(tmp, index=False)
+    tmp.replace(out)
+    report["csv"] = str(out)
+    if args.json:
+        _print_json(report)
+        return 0
+    c = _console()
+    t = Table(title=f"accuracy on {report['rows']} measured rows ({report['covered']} covered)")
+    for col in ("backend", "system", "mode", "rows", "covered", "TPOT MAPE %", "TTFT MAPE %"):
+        t.add_column(col, justify="left" if col in ("backend", "system", "mode") else "right")
+    for g in report["groups"]:
+        t.add_row(g["backend"], g["system"], g["mode"], str(g["rows"]), str(g["covered"]),
+                  _fmt_pct(g["tpot_mape"]), _fmt_pct(g["ttft_mape"]))
+    for name, blk in (("MoE rows", report["moe"]), ("all rows", {**report["overall"],
+                      "rows": report["rows"], "covered": report["covered"]})):
+        t.add_row(f"[bold]{name}[/]", "", "", str(blk["rows"]), str(blk["covered"]),
+                  _fmt_pct(blk["tpot_mape"]), _fmt_pct(blk["ttft_mape"]))
+    c.print(t)
+    c.print(f"per-row results: {out}")
+    return 0
+
+
+def _fmt_pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+@contextmanager
+def _progress(label: str, total: float) -> Iterator[Callable[[float], None]]:
+    """A progress bar on stderr that appears only when the work outlasts a second."""
+    with Progress(TextColumn(label), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty(),
+                  ) as bar:
+        task = bar.add_task(label, total=total, visible=False)
+        start = time.monotonic()
+
+        def advance(done: float) -> None:
+            bar.update(task, completed=done, visible=time.monotonic() - start > 1.0)
+
+        yield advance
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rackplan",
@@ -131,6 +249,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 4096)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_step)
+
+    p = sub.add_parser("simulate", help="simulate a deployment under a workload")
+    p.add_argument("deployment", help="deployment YAML (DESIGN.md format)")
+    p.add_argument("--workload", help="workload YAML; default: closed loop at 2048, 4000 "
+                                      "requests of 2000 in / 1000 out")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("validate", help="accuracy against published measured deployments")
+    p.add_argument("--backend", help="only rows of this backend (vllm, sglang, trtllm)")
+    p.add_argument("--system", help="only rows of this system (e.g. h200_sxm)")
+    p.add_argument("--mode", help="only agg or disagg rows")
+    p.add_argument("--sample", type=int, default=0, help="a seeded random sample of N rows")
+    p.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    p.add_argument("--out", default="runs/validate.csv", help="per-row CSV "
+                                                               "(default runs/validate.csv)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_validate)
     return parser
 
 

@@ -116,3 +116,31 @@ def test_role_missing_from_the_deployment(tmp_path):
     path = write(tmp_path, {"model": "deepseek-v3", "hardware": "h200",
                             "aggregated": {"dep": 8}})
     assert_one_line_error(run_cli("step", str(path), "--role", "prefill"), "--role='prefill'")
+
+
+def test_simulate_json_is_deterministic_and_has_the_contract_keys():
+    args = ("simulate", "examples/deepseek-v3-h200-pd.yaml", "--workload",
+            "examples/workload-chat.yaml", "--json")
+    first, second = run_cli(*args), run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    m = json.loads(first.stdout)
+    for key in ("gpus", "duration_s", "completed", "throughput_tok_s_gpu", "output_tok_s_gpu",
+                "prefill_input_tok_s_gpu", "decode_output_tok_s_gpu", "ttft_ms", "tpot_ms",
+                "itl_ms", "tok_s_user", "step_breakdown", "expert_imbalance",
+                "cost_per_mtok_usd"):
+        assert key in m, key
+    assert m["gpus"] == 72 and m["completed"] == 2000
+
+
+def test_simulate_prints_a_table_for_people():
+    r = run_cli("simulate", "examples/deepseek-v3-h200-pd.yaml", "--workload",
+                "examples/workload-chat.yaml")
+    assert r.returncode == 0, r.stderr
+    assert "TTFT p50 / p90 / p99" in r.stdout
+
+
+def test_simulate_bad_workload(tmp_path):
+    path = write(tmp_path, {"arrival": {"kind": "sometimes"}}, "w.yaml")
+    assert_one_line_error(run_cli("simulate", "examples/deepseek-v3-h200-pd.yaml",
+                                  "--workload", str(path)), "sometimes", "closed")

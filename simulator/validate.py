@@ -1,0 +1,228 @@
+"""Accuracy against measured deployments: aiconfigurator-core's `systems/silicon_sample.csv`.
+
+Each row is one measured deployment (aggregated or P/D, any backend) at a fixed concurrency and
+ISL/OSL with its measured TTFT and TPOT. We rebuild its layout as a Deployment, replay the
+benchmark as a closed loop (all clients start at once, as `vllm bench serve --max-concurrency`
+does), simulate, and compare means. Rows we cannot describe honestly are reported as not covered,
+with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.specs.deployment import Deployment, RoleSpec
+from simulator.specs.errors import SpecError
+from simulator.specs.model import load_model
+from simulator.specs.workload import Workload
+
+SYSTEMS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300",
+           "gb200": "gb200", "gb300": "gb300"}
+"""aiconfigurator-core system -> our hardware preset."""
+PRESETS = {"deepseek-ai/DeepSeek-R1": "deepseek-r1", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+           "openai/gpt-oss-120b": "gpt-oss-120b", "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b"}
+"""Measured model -> our preset; other models load the config.json shipped beside the data."""
+CONFIG_ALIASES = {
+    "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
+    "meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Meta-Llama-3.1-8B",
+    "nvidia/Qwen3-32B-NVFP4": "Qwen/Qwen3-32B",
+    "nvidia/DeepSeek-R1-NVFP4": "deepseek-ai/DeepSeek-R1",
+    "zhipuai/GLM-5": "zai-org/GLM-5",
+}
+"""Measured model names whose config.json ships under another name (same architecture)."""
+WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "fp4", "fp4": "fp4",
+           "bf16": "bf16", "int4": "fp4"}
+
+EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+Predictor = Callable[[Deployment, Workload], dict[str, Any]]
+
+
+def silicon_path() -> Path:
+    return Path(str(resources.files("aiconfigurator_core"))) / "systems" / "silicon_sample.csv"
+
+
+def load_rows() -> pd.DataFrame:
+    """The measured rows, with their concurrency parsed out of the source note."""
+    df = pd.read_csv(silicon_path())
+    conc = df.silicon_data_source.str.extract(r"silicon_concurrency=(\d+)")[0].astype(float)
+    df["concurrency"] = conc.fillna(df.batch_size)
+    return df
+
+
+def _config_path(model_path: str) -> Path:
+    name = CONFIG_ALIASES.get(model_path, model_path)
+    folder = Path(str(resources.files("aiconfigurator_core"))) / "model_configs"
+    return folder / (name.replace("/", "--") + "_config.json")
+
+
+def model_source(model_path: str) -> str:
+    """Our preset for a measured model, else the config.json aiconfigurator-core ships for it."""
+    name = CONFIG_ALIASES.get(model_path, model_path)
+    if name in PRESETS:
+        return PRESETS[name]
+    path = _config_path(model_path)
+    if not path.is_file():
+        raise SpecError(f"no config.json for {model_path}")
+    return str(path)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured row rebuilt as a deployment and a workload."""
+
+    row: str
+    deployment: Deployment
+    workload: Workload
+    ttft_ms: float
+    tpot_ms: float
+
+
+def _num(v: Any, default: float = 0.0) -> float:
+    return default if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def _role(tp: float, dp: float, moe_ep: float, instances: float, concurrency: float,
+          isl: float, moe: bool) -> RoleSpec:
+    tp, dp, ep = int(_num(tp, 1) or 1), int(_num(dp, 1) or 1), int(_num(moe_ep, 1) or 1)
+    if dp > 1 and tp > 1:
+        raise SpecError(f"attention DP{dp} x TP{tp} layouts are not modelled")
+    n = int(_num(instances, 1) or 1)
+    ranks = dp if dp > 1 else tp
+    seqs = max(1, math.ceil(concurrency / (n * ranks if dp > 1 else n)))
+    common = {"instances": n, "max_num_seqs": seqs,
+              "max_num_batched_tokens": int(max(8192, isl))}
+    if dp > 1:
+        return RoleSpec(dep=dp, **common)
+    return RoleSpec(tp=tp, enable_expert_parallel=moe and ep > 1, **common)
+
+
+def case_from_row(row: pd.Series) -> Case:
+    """The deployment and workload of one measured row; SpecError says why it is not covered."""
+    if row.system not in SYSTEMS:
+        raise SpecError(f"system {row.system} has no hardware preset")
+    conc = _num(row.concurrency)
+    if conc < 1:
+        raise SpecError("concurrency not recorded")
+    model_ref = model_source(row.model_path)
+    model = load_model(model_ref)
+    quant = [str(q) for q in (row.moe_quant_mode if model.is_moe else None,
+                              row.gemm_quant_mode, row.precision) if isinstance(q, str)]
+    weights = next((WEIGHTS[q] for q in quant if q in WEIGHTS), "bf16" if not quant else None)
+    if weights is None:
+        raise SpecError(f"precision {quant[0]} not modelled")
+    precision = {"weights": weights, "kv_cache": "bf16" if weights == "bf16" else "fp8"}
+    isl, osl = int(row.isl), int(row.osl)
+    base: dict[str, Any] = {"model": model_ref, "hardware": SYSTEMS[row.system],
+                            "engine": row.backend, "precision": precision}
+    if row["mode"] == "agg":
+        base["aggregated"] = _role(row.tp_size, row.attention_dp_size, row.moe_ep_size, 1,
+                                   conc, isl, model.is_moe)
+    else:
+        base["prefill"] = _role(row.prefill_tp_size, row.prefill_attention_dp_size,
+                                row.prefill_moe_ep_size, row.prefill_num_workers, 1, isl,
+                                model.is_moe)
+        base["decode"] = _role(row.decode_tp_size, row.decode_attention_dp_size,
+                               row.decode_moe_ep_size, row.decode_num_workers, conc, isl,
+                               model.is_moe)
+    deployment = Deployment(**base)
+    workload = Workload.model_validate({
+        "arrival": {"kind": "closed", "concurrency": int(conc)},
+        "requests": int(conc) * WAVES, "input_tokens": {"kind": "fixed", "value": isl},
+        "output_tokens": {"kind": "fixed", "value": osl}, "seed": 0})
+    return Case(str(row.id), deployment, workload, float(row.silicon_ttft_ms),
+                float(row.silicon_tpot_ms))
+
+
+WAVES = 3
+"""Requests per client in the replayed benchmark."""
+
+
+def default_predictor(deployment: Deployment, workload: Workload) -> dict[str, Any]:
+    from simulator.des import simulate
+
+    return simulate(deployment, workload).metrics()
+
+
+def _mape(pred: pd.Series, meas: pd.Series) -> float | None:
+    ok = pred.notna() & meas.notna() & (meas > 0)
+    if not ok.any():
+        return None
+    return float((100 * (pred[ok] - meas[ok]).abs() / meas[ok]).mean())
+
+
+def validate(rows: pd.DataFrame, predictor: Predictor = default_predictor,
+             progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """Predict every row; the frame gains covered, reason, pred_ttft_ms, pred_tpot_ms."""
+    out = []
+    for i, (_, row) in enumerate(rows.iterrows()):
+        rec: dict[str, Any] = {"id": row.id, "backend": row.backend, "system": row.system,
+                               "mode": row["mode"], "model": row.model_path,
+                               "isl": row.isl, "osl": row.osl, "concurrency": row.concurrency,
+                               "ttft_ms": row.silicon_ttft_ms, "tpot_ms": row.silicon_tpot_ms,
+                               "covered": False, "reason": "", "pred_ttft_ms": np.nan,
+                               "pred_tpot_ms": np.nan}
+        try:
+            case = case_from_row(row)
+            metrics = predictor(case.deployment, case.workload)
+            rec["pred_ttft_ms"] = metrics["ttft_ms"]["mean"]
+            rec["pred_tpot_ms"] = metrics["tpot_ms"]["mean"]
+            rec["covered"] = True
+        except SpecError as e:
+            rec["reason"] = str(e)
+        out.append(rec)
+        if progress:
+            progress(i + 1, len(rows))
+    df = pd.DataFrame(out)
+    df["moe"] = df.model.map({m: is_moe_model(m) for m in df.model.unique()})
+    return df
+
+
+def is_moe_model(model_path: str) -> bool:
+    """Whether a measured model routes to experts, read from its config even when we cannot
+    model its architecture."""
+    try:
+        return load_model(model_source(model_path)).is_moe
+    except SpecError:
+        pass
+    path = _config_path(model_path)
+    if not path.is_file():
+        return False
+    cfg = json.loads(path.read_text())
+    cfg = {**cfg, **cfg.get("text_config", {})}
+    return any(int(cfg.get(k) or 0) > 0 for k in EXPERT_KEYS)
+
+
+def summarize(df: pd.DataFrame, worst: int = 10) -> dict[str, Any]:
+    """The JSON report: coverage and MAPE overall, for MoE rows, per backend x system x mode."""
+    cov = df[df.covered]
+
+    def block(sub: pd.DataFrame) -> dict[str, Any]:
+        c = sub[sub.covered]
+        return {"rows": len(sub), "covered": len(c),
+                "tpot_mape": _mape(c.pred_tpot_ms, c.tpot_ms),
+                "ttft_mape": _mape(c.pred_ttft_ms, c.ttft_ms)}
+
+    groups = [{"backend": b, "system": s, "mode": m, **block(g)}
+              for (b, s, m), g in df.groupby(["backend", "system", "mode"], sort=True)]
+    err = (cov.pred_tpot_ms - cov.tpot_ms).abs() / cov.tpot_ms
+    worst_rows = cov.assign(tpot_err_pct=100 * err).sort_values(
+        "tpot_err_pct", ascending=False).head(worst)
+    reasons = df[~df.covered].reason.value_counts().head(10)
+    overall = block(df)
+    return {"rows": overall["rows"], "covered": overall["covered"],
+            "overall": {"tpot_mape": overall["tpot_mape"], "ttft_mape": overall["ttft_mape"]},
+            "moe": block(df[df.moe]), "groups": groups,
+            "worst": worst_rows[["id", "pred_tpot_ms", "tpot_ms", "pred_ttft_ms", "ttft_ms",
+                                 "tpot_err_pct"]].to_dict(orient="records"),
+            "not_covered": {str(k): int(v) for k, v in reasons.items()}}

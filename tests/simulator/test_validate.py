@@ -1,0 +1,76 @@
+"""`rackplan validate`: measured rows rebuilt as deployments, predicted, scored."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from planner.cli import main
+from simulator.specs.errors import SpecError
+from simulator.validate import case_from_row, is_moe_model, load_rows, summarize, validate
+
+
+@pytest.fixture(scope="module")
+def rows() -> pd.DataFrame:
+    return load_rows()
+
+
+def test_rows_carry_their_concurrency(rows):
+    assert len(rows) == 5221
+    assert rows.concurrency.notna().mean() > 0.99
+
+
+def test_aggregated_dep_row_becomes_a_dep_deployment(rows):
+    row = rows[(rows["mode"] == "agg") & (rows.attention_dp_size == 8)
+               & (rows.model_path == "deepseek-ai/DeepSeek-R1")].iloc[0]
+    case = case_from_row(row)
+    agg = case.deployment.aggregated
+    assert agg is not None and agg.dep == 8
+    assert case.workload.arrival.concurrency == int(row.concurrency)
+    assert case.workload.input_tokens.value == row.isl
+
+
+def test_disaggregated_row_has_both_roles(rows):
+    row = rows[(rows["mode"] == "disagg") & (rows.prefill_num_workers > 1)
+               & rows.model_path.str.contains("DeepSeek")].iloc[0]
+    case = case_from_row(row)
+    assert case.deployment.prefill is not None and case.deployment.decode is not None
+    assert case.deployment.prefill.instances == int(row.prefill_num_workers)
+
+
+def test_unmodelled_architecture_is_not_covered_with_a_reason(rows):
+    row = rows[rows.model_path == "Qwen/Qwen3.5-397B-A17B"].iloc[0]
+    with pytest.raises(SpecError, match="Qwen3_5MoeForConditionalGeneration"):
+        case_from_row(row)
+    assert is_moe_model("Qwen/Qwen3.5-397B-A17B")
+    assert not is_moe_model("meta-llama/Llama-3.1-70B")
+
+
+def test_validate_a_sample_end_to_end_through_the_simulator(rows, tmp_path, capsys):
+    out = tmp_path / "v.csv"
+    assert main(["validate", "--backend", "vllm", "--system", "h200_sxm", "--sample", "6",
+                 "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rows"] == 6
+    assert {"overall", "moe", "groups", "covered"} <= set(report)
+    assert report["covered"] >= 1
+    for key in ("tpot_mape", "ttft_mape"):
+        assert math.isfinite(report["overall"][key]) and report["overall"][key] >= 0
+    per_row = pd.read_csv(out)
+    assert len(per_row) == 6 and per_row.covered.sum() == report["covered"]
+
+
+def test_summary_scores_a_perfect_predictor_at_zero(rows):
+    sample = rows[rows.backend == "vllm"].head(3)
+    df = validate(sample, predictor=lambda d, w: {"ttft_ms": {"mean": None},
+                                                  "tpot_ms": {"mean": None}})
+    df["pred_ttft_ms"], df["pred_tpot_ms"] = df.ttft_ms, df.tpot_ms
+    report = summarize(df)
+    assert report["overall"] == {"tpot_mape": 0.0, "ttft_mape": 0.0}
+
+
+def test_unknown_filter_value_is_one_clear_error(capsys):
+    assert main(["validate", "--system", "h999"]) == 2
+    err = capsys.readouterr().err
+    assert "--system='h999'" in err and "h200_sxm" in err

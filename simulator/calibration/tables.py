@@ -33,7 +33,11 @@ OP_FILES: dict[str, tuple[str, str]] = {
     "mla_generation": ("mla", "mla_generation_module_perf.parquet"),
     "all_to_all": ("comm", "moe_a2a_perf.parquet"),
     "allreduce": ("comm", "custom_allreduce_perf.parquet"),
+    "nccl": ("comm", "nccl_perf.parquet"),
 }
+OP_ENGINES = {"nccl": ("nccl",)}
+"""Ops whose tables sit under a library's folder rather than the engine's."""
+NCCL_OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
 
 GEMM_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"], "fp4": ["nvfp4"]}
 MOE_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"],
@@ -111,7 +115,7 @@ class Calibration:
         if self.hardware.system:
             roots.append((aic_system_dir(self.hardware.system) / folder, self.hardware.system))
         for root, label in roots:
-            for engine in dict.fromkeys((self.engine, "vllm")):
+            for engine in OP_ENGINES.get(op, dict.fromkeys((self.engine, "vllm"))):
                 base = root / engine
                 if not base.is_dir():
                     continue
@@ -344,6 +348,29 @@ class Calibration:
         t = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1.0)
         pts = np.stack([t, np.full_like(t, ep)], axis=1)
         return self._price(grid, pts, rf.transfer(nbytes(t, hidden, topk, ep), gb_s), 0.5)
+
+    def collective(self, op: str, nbytes: np.ndarray | float, gpus: int, gb_s: float) -> Priced:
+        """An NCCL collective (all_gather, reduce_scatter, all_reduce, alltoall) of `nbytes`
+        (the whole gathered / reduced buffer) over `gpus` GPUs at `gb_s` GB/s per GPU."""
+        if op not in NCCL_OPS:
+            raise SpecError(f"collective {op!r} is not one of {', '.join(NCCL_OPS)}")
+        if gpus <= 1:
+            b = np.atleast_1d(np.asarray(nbytes, dtype=float))
+            return Priced(np.zeros_like(b), "measured", "none (single rank)")
+        factor = 2.0 if op == "all_reduce" else 1.0
+
+        def roof(size: Any, n: Any, bw: float) -> np.ndarray:
+            return rf.transfer(factor * (np.asarray(n, dtype=float) - 1) / n * size, bw)
+
+        def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+            return df[df.op_name == op], 0
+
+        grid = self._grid(("nccl", op), "nccl", select, ["message_size", "num_gpus"],
+                          lambda r: roof(r.message_size, r.num_gpus.to_numpy(),
+                                         self.hardware.scaleup_gb_s))
+        b = np.maximum(np.atleast_1d(np.asarray(nbytes, dtype=float)), 1.0)
+        pts = np.stack([b, np.full_like(b, gpus)], axis=1)
+        return self._price(grid, pts, roof(b, gpus, gb_s), 0.5)
 
     def allreduce(self, nbytes: np.ndarray | float, gpus: int, gb_s: float) -> Priced:
         """All-reduce of `nbytes` bf16 over a TP group of `gpus` GPUs (CUDA-graph kernels)."""

@@ -46,8 +46,9 @@ class Instance:
     spec_acceptance: float = 0.0
     a2a_gb_s: float = 0.0
     """Per-GPU all-to-all bandwidth inside the instance (from the topology); 0: scale-up."""
-    low_latency_a2a: bool = True
-    """DeepEP low-latency kernels (decode) or high-throughput ones (prefill)."""
+    all2all: str = "deepep_low_latency"
+    """MoE token exchange between DP ranks (vLLM --all2all-backend): deepep_low_latency,
+    deepep_high_throughput, or an NCCL all-gather + reduce-scatter for the others."""
     overhead_ms: float | None = None
     """Fixed per-step overhead; None: the default for the hardware kind."""
 
@@ -95,7 +96,7 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
         redundant_experts=role.redundant_experts,
         spec_tokens=spec.tokens if spec else 0, spec_acceptance=spec.acceptance if spec else 0.0,
         a2a_gb_s=a2a_gb_s,
-        low_latency_a2a=role.backend(role_name) == "deepep_low_latency",
+        all2all=role.backend(role_name),
         overhead_ms=overhead_ms)
 
 
@@ -196,9 +197,15 @@ def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ct
         if pre.any():
             isl = pre_tok[pre] / np.maximum(pre_req[pre], 1)
             p = cal.mla_context(pre_req[pre], isl, heads, shape, inst.weights, inst.kv_cache)
-            # Cached prefix: the chunk also attends to pre_ctx earlier tokens; scale the core.
-            extra = 1 + 2 * pre_ctx[pre] / np.maximum(isl, 1) * _mla_core_share(m, isl)
-            out[pre] += p.ms * extra
+            out[pre] += p.ms
+            past = pre_ctx[pre] > 0
+            if past.any():  # the chunk also attends to earlier tokens: add their core cost
+                n, seff = isl[past], _effective_isl(isl[past], pre_ctx[pre][past])
+                b = pre_req[pre][past]
+                longer = cal.mla_context(b, seff, heads, shape, inst.weights, inst.kv_cache)
+                same = cal.mla_context(b, n, heads, shape, inst.weights, inst.kv_cache)
+                extra = np.maximum(longer.ms - same.ms, 0.0) * _mla_core_share(m, seff)
+                out[np.flatnonzero(pre)[past]] += extra
             led.provenance["attention.prefill"] = f"{p.source} ({p.table})"
         return out
     kvh = max(m.num_kv_heads // tp, 1)
@@ -222,14 +229,20 @@ def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ct
                 f"{p.source} ({p.table})")
         if pre.any():
             isl = pre_tok[pre] / np.maximum(pre_req[pre], 1)
-            p = cal.attention_context(pre_req[pre], isl, heads, kvh, m.head_dim, inst.kv_cache,
+            # A chunk after a cached prefix does the causal work of a longer prompt.
+            seff = isl if window else _effective_isl(isl, pre_ctx[pre])
+            p = cal.attention_context(pre_req[pre], seff, heads, kvh, m.head_dim, inst.kv_cache,
                                       window)
-            span = isl if not window else np.minimum(isl, window)
-            extra = 1 + 2 * (pre_ctx[pre] if not window else 0) / np.maximum(span, 1)
-            out[pre] += frac * p.ms * extra
+            out[pre] += frac * p.ms
             led.provenance[f"attention.prefill{'_window' if window else ''}"] = (
                 f"{p.source} ({p.table})")
     return out
+
+
+def _effective_isl(new: np.ndarray, past: np.ndarray) -> np.ndarray:
+    """Prompt length whose causal attention work equals `new` tokens after `past` cached ones:
+    new * (past + new / 2) = s^2 / 2."""
+    return np.sqrt(new * new + 2 * new * past)
 
 
 def _mla_core_share(m: ModelSpec, isl: np.ndarray) -> np.ndarray:
@@ -287,12 +300,8 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
         experts = cal.moe(received.max() * ep / m.top_k, m.hidden, m.moe_intermediate, m.top_k,
                           m.n_routed_experts, ep, inst.weights, tp=inst.moe_tp)
         led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
-        if ep > 1:
-            for phase in ("dispatch", "combine"):
-                a2a = cal.all_to_all(tokens.max(), m.hidden, m.top_k, m.n_routed_experts, ep,
-                                     phase, inst.low_latency_a2a, inst.a2a_bandwidth)
-                led.add("communication", f"all_to_all.{phase}", a2a,
-                        moe_layers * float(a2a.ms.max()))
+        if ep > 1 and dp > 1:  # DP ranks exchange tokens; a TP group already holds them all
+            _token_exchange(inst, cal, tokens, moe_layers, led)
     if inst.tp > 1:
         ar = cal.allreduce(tokens.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)
         led.add("communication", "allreduce", ar, 2 * m.layers * float(ar.ms.max()))
@@ -313,6 +322,25 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
     accepted = dec_b * _expected_accepted(spec, inst.spec_acceptance) + pre_tok
     total = float(sum(led.ms.values()))
     return StepTime(total, dict(led.ms), led.provenance, led.parts, float(accepted.sum()))
+
+
+def _token_exchange(inst: Instance, cal: Calibration, tokens: np.ndarray, moe_layers: int,
+                    led: _Ledger) -> None:
+    """Dispatch to and combine from the expert ranks, per the instance's all2all backend."""
+    m, ep = inst.model, inst.ep
+    if inst.all2all.startswith("deepep"):
+        low_latency = inst.all2all == "deepep_low_latency"
+        for phase in ("dispatch", "combine"):
+            a2a = cal.all_to_all(tokens.max(), m.hidden, m.top_k, m.n_routed_experts, ep,
+                                 phase, low_latency, inst.a2a_bandwidth)
+            led.add("communication", f"all_to_all.{phase}", a2a,
+                    moe_layers * float(a2a.ms.max()))
+        return
+    # all-gather every rank's tokens (bf16), then reduce-scatter the expert outputs back
+    gathered = ep * float(tokens.max()) * m.hidden * 2
+    for op, phase in (("all_gather", "dispatch"), ("reduce_scatter", "combine")):
+        c = cal.collective(op, gathered, ep, inst.a2a_bandwidth)
+        led.add("communication", f"all_to_all.{phase}", c, moe_layers * float(c.ms.max()))
 
 
 def _expected_accepted(spec: int, acceptance: float) -> float:

@@ -39,7 +39,7 @@ def test_decode_step_grows_with_batch_and_context(cal):
 
 
 def test_prefill_step_grows_with_tokens(cal):
-    inst = Instance(DSV3, H200, "prefill", 8, True, low_latency_a2a=False)
+    inst = Instance(DSV3, H200, "prefill", 8, True, all2all="deepep_high_throughput")
     times = [step_time(inst, Batch.prefill(8, t), cal).total_ms for t in (1024, 4096, 16384)]
     assert times == sorted(times) and times[0] < times[-1]
 
@@ -111,8 +111,18 @@ def test_tp_with_expert_parallel_moe(cal):
     inst = Instance(DSV3, H200, "aggregated", 8, False, tp_expert_parallel=True)
     assert (inst.tp, inst.ep, inst.moe_tp) == (8, 8, 1)
     st = step_time(inst, Batch.decode(1, 64, 2048), cal)
-    assert "all_to_all.dispatch" in st.provenance and "allreduce" in st.provenance
+    # a TP group holds every token already: no dispatch, the combine is the TP all-reduce
+    assert "all_to_all.dispatch" not in st.provenance and "allreduce" in st.provenance
     tp_only = Instance(DSV3, H200, "aggregated", 8, False)
     assert (tp_only.ep, tp_only.moe_tp) == (1, 8)
     mem_ep = check_memory("a", DSV3, H200, role, "fp8", "fp8")
     assert mem_ep.redundant_experts > 0
+
+
+def test_token_exchange_follows_the_all2all_backend(cal):
+    batch = Batch.decode(8, 64, 2048)
+    deepep = step_time(decode_instance(), batch, cal)
+    nccl = step_time(decode_instance(all2all="allgather_reducescatter"), batch, cal)
+    assert deepep.provenance["all_to_all.dispatch"] != nccl.provenance["all_to_all.dispatch"]
+    assert "nccl" in nccl.provenance["all_to_all.dispatch"]
+    assert nccl.breakdown["communication"] > 0

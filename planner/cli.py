@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -178,7 +179,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.sample and args.sample < len(rows):
         rows = rows.sample(args.sample, random_state=args.seed).sort_index()
     with _progress("validating", total=float(len(rows))) as advance:
-        df = validate(rows, progress=lambda done, _total: advance(float(done)))
+        df = validate(rows, progress=lambda done, _total: advance(float(done)),
+                      workers=args.workers)
     report = summarize(df)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -263,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", help="only agg or disagg rows")
     p.add_argument("--sample", type=int, default=0, help="a seeded random sample of N rows")
     p.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="processes to spread the rows over (default: all cores)")
     p.add_argument("--out", default="runs/validate.csv", help="per-row CSV "
                                                                "(default runs/validate.csv)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,5 +1,10 @@
 """Accuracy against measured deployments: aiconfigurator-core's `systems/silicon_sample.csv`.
 
+Reading the rows. An instance's GPUs are tp_size x attention_dp_size; attention DP with TP 1 is
+our DEP; TP with moe_ep_size > 1 is TP attention with expert-parallel MoE. Some rows record
+tp_size as the product TP x EP (their ids say "tp8_ep8" where tp_size is 64): those are read as
+TP = moe_tp_size. P/D rows without worker counts are not covered: their layout is unknown.
+
 Each row is one measured deployment (aggregated or P/D, any backend) at a fixed concurrency and
 ISL/OSL with its measured TTFT and TPOT. We rebuild its layout as a Deployment, replay the
 benchmark as a closed loop (all clients start at once, as `vllm bench serve --max-concurrency`
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -92,12 +98,19 @@ def _num(v: Any, default: float = 0.0) -> float:
     return default if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
-def _role(tp: float, dp: float, moe_ep: float, instances: float, concurrency: float,
-          isl: float, moe: bool) -> RoleSpec:
-    tp, dp, ep = int(_num(tp, 1) or 1), int(_num(dp, 1) or 1), int(_num(moe_ep, 1) or 1)
+def _role(tp: float, dp: float, moe_tp: float, moe_ep: float, instances: float,
+          concurrency: float, isl: float, moe: bool) -> RoleSpec:
+    tp, dp = int(_num(tp, 1) or 1), int(_num(dp, 1) or 1)
+    mtp, ep = int(_num(moe_tp, 1) or 1), int(_num(moe_ep, 1) or 1)
+    if dp <= 1 and mtp > 1 and ep > 1 and tp == mtp * ep:
+        # Rows written as tp_size = TP x EP (their ids read "tp8_ep8" where tp_size is 64):
+        # the instance is TP=moe_tp GPUs with its experts spread over them.
+        tp = mtp
     if dp > 1 and tp > 1:
         raise SpecError(f"attention DP{dp} x TP{tp} layouts are not modelled")
-    n = int(_num(instances, 1) or 1)
+    if instances is None or (isinstance(instances, float) and math.isnan(instances)):
+        raise SpecError("P/D worker counts not recorded")
+    n = int(instances)
     ranks = dp if dp > 1 else tp
     seqs = max(1, math.ceil(concurrency / (n * ranks if dp > 1 else n)))
     common = {"instances": n, "max_num_seqs": seqs,
@@ -126,15 +139,15 @@ def case_from_row(row: pd.Series) -> Case:
     base: dict[str, Any] = {"model": model_ref, "hardware": SYSTEMS[row.system],
                             "engine": row.backend, "precision": precision}
     if row["mode"] == "agg":
-        base["aggregated"] = _role(row.tp_size, row.attention_dp_size, row.moe_ep_size, 1,
-                                   conc, isl, model.is_moe)
+        base["aggregated"] = _role(row.tp_size, row.attention_dp_size, row.moe_tp_size,
+                                   row.moe_ep_size, 1, conc, isl, model.is_moe)
     else:
         base["prefill"] = _role(row.prefill_tp_size, row.prefill_attention_dp_size,
-                                row.prefill_moe_ep_size, row.prefill_num_workers, 1, isl,
-                                model.is_moe)
+                                row.prefill_moe_tp_size, row.prefill_moe_ep_size,
+                                row.prefill_num_workers, 1, isl, model.is_moe)
         base["decode"] = _role(row.decode_tp_size, row.decode_attention_dp_size,
-                               row.decode_moe_ep_size, row.decode_num_workers, conc, isl,
-                               model.is_moe)
+                               row.decode_moe_tp_size, row.decode_moe_ep_size,
+                               row.decode_num_workers, conc, isl, model.is_moe)
     deployment = Deployment(**base)
     workload = Workload.model_validate({
         "arrival": {"kind": "closed", "concurrency": int(conc)},
@@ -144,8 +157,9 @@ def case_from_row(row: pd.Series) -> Case:
                 float(row.silicon_tpot_ms))
 
 
-WAVES = 3
-"""Requests per client in the replayed benchmark."""
+WAVES = 10
+"""Requests per client in the replayed benchmark (serving benchmarks commonly send ten times
+the concurrency)."""
 
 
 def default_predictor(deployment: Deployment, workload: Workload) -> dict[str, Any]:
@@ -161,28 +175,44 @@ def _mape(pred: pd.Series, meas: pd.Series) -> float | None:
     return float((100 * (pred[ok] - meas[ok]).abs() / meas[ok]).mean())
 
 
+def predict_row(row: pd.Series, predictor: Predictor = default_predictor) -> dict[str, Any]:
+    """One row's record: what was measured, whether it is covered (or why not), the prediction."""
+    rec: dict[str, Any] = {"id": row.id, "backend": row.backend, "system": row.system,
+                           "mode": row["mode"], "model": row.model_path,
+                           "isl": row.isl, "osl": row.osl, "concurrency": row.concurrency,
+                           "ttft_ms": row.silicon_ttft_ms, "tpot_ms": row.silicon_tpot_ms,
+                           "covered": False, "reason": "", "pred_ttft_ms": np.nan,
+                           "pred_tpot_ms": np.nan}
+    try:
+        case = case_from_row(row)
+        metrics = predictor(case.deployment, case.workload)
+        rec["pred_ttft_ms"] = metrics["ttft_ms"]["mean"]
+        rec["pred_tpot_ms"] = metrics["tpot_ms"]["mean"]
+        rec["covered"] = True
+    except SpecError as e:
+        rec["reason"] = str(e)
+    return rec
+
+
 def validate(rows: pd.DataFrame, predictor: Predictor = default_predictor,
-             progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """Predict every row; the frame gains covered, reason, pred_ttft_ms, pred_tpot_ms."""
-    out = []
-    for i, (_, row) in enumerate(rows.iterrows()):
-        rec: dict[str, Any] = {"id": row.id, "backend": row.backend, "system": row.system,
-                               "mode": row["mode"], "model": row.model_path,
-                               "isl": row.isl, "osl": row.osl, "concurrency": row.concurrency,
-                               "ttft_ms": row.silicon_ttft_ms, "tpot_ms": row.silicon_tpot_ms,
-                               "covered": False, "reason": "", "pred_ttft_ms": np.nan,
-                               "pred_tpot_ms": np.nan}
-        try:
-            case = case_from_row(row)
-            metrics = predictor(case.deployment, case.workload)
-            rec["pred_ttft_ms"] = metrics["ttft_ms"]["mean"]
-            rec["pred_tpot_ms"] = metrics["tpot_ms"]["mean"]
-            rec["covered"] = True
-        except SpecError as e:
-            rec["reason"] = str(e)
-        out.append(rec)
-        if progress:
-            progress(i + 1, len(rows))
+             progress: Callable[[int, int], None] | None = None,
+             workers: int = 1) -> pd.DataFrame:
+    """Predict every row; the frame gains covered, reason, pred_ttft_ms, pred_tpot_ms, moe.
+
+    `workers` > 1 spreads rows over processes (the default predictor only)."""
+    items = [row for _, row in rows.iterrows()]
+    out: list[dict[str, Any]] = []
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            for rec in pool.map(predict_row, items, chunksize=4):
+                out.append(rec)
+                if progress:
+                    progress(len(out), len(items))
+    else:
+        for row in items:
+            out.append(predict_row(row, predictor))
+            if progress:
+                progress(len(out), len(items))
     df = pd.DataFrame(out)
     df["moe"] = df.model.map({m: is_moe_model(m) for m in df.model.unique()})
     return df

@@ -34,8 +34,11 @@ OP_FILES: dict[str, tuple[str, str]] = {
     "all_to_all": ("comm", "moe_a2a_perf.parquet"),
     "allreduce": ("comm", "custom_allreduce_perf.parquet"),
     "nccl": ("comm", "nccl_perf.parquet"),
+    "moe_wideep_generation": ("moe", "wideep_generation_moe_perf.parquet"),
+    "moe_wideep_context": ("moe", "wideep_context_moe_perf.parquet"),
 }
-OP_ENGINES = {"nccl": ("nccl",)}
+OP_ENGINES = {"nccl": ("nccl",), "moe_wideep_generation": ("sglang",),
+              "moe_wideep_context": ("sglang",)}
 """Ops whose tables sit under a library's folder rather than the engine's."""
 NCCL_OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
 
@@ -247,6 +250,32 @@ class Calibration:
         pts = np.stack([t, np.full_like(t, ep), np.full_like(t, tp)], axis=1)
         return self._price(grid, pts,
                            rf.moe(hw, t, hidden, inter, topk, experts, ep, dtype, tp), 0.5)
+
+    def moe_wideep(self, tokens: np.ndarray | float, hidden: int, inter: int, topk: int,
+                   experts: int, ep: int, dtype: str, low_latency: bool) -> Priced:
+        """Expert compute of one rank behind a DeepEP dispatch (wide EP): it runs only the
+        tokens routed to its own experts. `tokens` counts tokens over the EP group, balanced;
+        the low-latency table prices decode, the normal one prefill."""
+        hw = self.hardware
+        op = "moe_wideep_generation" if low_latency else "moe_wideep_context"
+
+        def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+            rows, floor = self._pick_dtype(df, "moe_dtype", MOE_DTYPES, dtype)
+            rows, f2 = self._nearest(rows[rows.distribution == "uniform"], {
+                "hidden_size": hidden, "inter_size": inter, "topk": topk,
+                "num_experts": experts})
+            return rows, max(floor, f2)
+
+        def roof(r: pd.DataFrame) -> np.ndarray:
+            return rf.moe(hw, r.num_tokens, r.hidden_size.to_numpy(), r.inter_size.to_numpy(),
+                          r.topk.to_numpy(), r.num_experts.to_numpy(), r.moe_ep_size, dtype)
+
+        grid = self._grid((op, hidden, inter, topk, experts, dtype), op, select,
+                          ["num_tokens", "moe_ep_size"], roof)
+        t = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1.0)
+        pts = np.stack([t, np.full_like(t, ep)], axis=1)
+        return self._price(grid, pts, rf.moe(hw, t, hidden, inter, topk, experts, ep, dtype),
+                           0.5)
 
     def _gqa(self, op: str, batch: np.ndarray | float, length: np.ndarray | float, heads: int,
              kv_heads: int, head_dim: int, kv_dtype: str, window: int) -> Priced:

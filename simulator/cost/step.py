@@ -297,8 +297,14 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
             received = np.full(ep, tokens.sum() * m.top_k / ep)
         router = cal.gemm(tokens, m.n_routed_experts, m.hidden, "bf16")
         led.add("moe", "router", router, moe_layers * float(router.ms.max()))
-        experts = cal.moe(received.max() * ep / m.top_k, m.hidden, m.moe_intermediate, m.top_k,
-                          m.n_routed_experts, ep, inst.weights, tp=inst.moe_tp)
+        group_tokens = received.max() * ep / m.top_k  # a balanced group loading every rank so
+        if dp > 1 and inst.all2all.startswith("deepep"):  # wide EP: only routed tokens arrive
+            experts = cal.moe_wideep(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
+                                     m.n_routed_experts, ep, inst.weights,
+                                     inst.all2all == "deepep_low_latency")
+        else:  # every rank sees every token (TP, or all-gather EP)
+            experts = cal.moe(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
+                              m.n_routed_experts, ep, inst.weights, tp=inst.moe_tp)
         led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
         if ep > 1 and dp > 1:  # DP ranks exchange tokens; a TP group already holds them all
             _token_exchange(inst, cal, tokens, moe_layers, led)

@@ -126,3 +126,12 @@ def test_token_exchange_follows_the_all2all_backend(cal):
     assert deepep.provenance["all_to_all.dispatch"] != nccl.provenance["all_to_all.dispatch"]
     assert "nccl" in nccl.provenance["all_to_all.dispatch"]
     assert nccl.breakdown["communication"] > 0
+
+
+def test_wide_ep_prices_experts_from_the_deepep_table(cal):
+    batch = Batch.decode(8, 128, 4096)
+    wide = step_time(decode_instance(), batch, cal)
+    gathered = step_time(decode_instance(all2all="allgather_reducescatter"), batch, cal)
+    assert "/moe/sglang/" in wide.provenance["routed_experts"]  # DeepEP grouped GEMMs
+    assert "/moe/vllm/" in gathered.provenance["routed_experts"]  # every token on every rank
+    assert wide.parts["routed_experts"] < gathered.parts["routed_experts"]

@@ -112,14 +112,19 @@ def cmd_step(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from simulator.des import simulate
+    from simulator.calibration.serving import ServingOverhead, serving_overhead
+    from simulator.des import SimOptions, simulate
     from simulator.specs.loading import load_deployment, load_workload
     from simulator.specs.workload import Workload
 
     deployment = load_deployment(Path(args.deployment))
     workload = load_workload(Path(args.workload)) if args.workload else Workload()
+    overhead = ServingOverhead() if args.engine_only else serving_overhead(
+        deployment.engine, deployment.disaggregated)
+    options = SimOptions(api_overhead_ms=overhead.api_overhead_ms,
+                         handoff_ms=overhead.handoff_ms)
     with _progress("simulating", total=1.0) as advance:
-        result = simulate(deployment, workload, progress=advance)
+        result = simulate(deployment, workload, progress=advance, options=options)
     metrics = result.metrics()
     if args.json:
         _print_json(metrics)
@@ -256,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("deployment", help="deployment YAML (DESIGN.md format)")
     p.add_argument("--workload", help="workload YAML; default: closed loop at 2048, 4000 "
                                       "requests of 2000 in / 1000 out")
+    p.add_argument("--engine-only", action="store_true",
+                   help="leave out the serving stack's fitted fixed latencies (API server, P/D "
+                        "handoff) and time the engine alone")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_simulate)
 

@@ -26,6 +26,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simulator.calibration.serving import (
+    FIT_MAX_CONCURRENCY,
+    ServingOverhead,
+    in_fit_half,
+    serving_overhead,
+)
 from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.errors import SpecError
 from simulator.specs.model import load_model
@@ -163,9 +169,18 @@ the concurrency)."""
 
 
 def default_predictor(deployment: Deployment, workload: Workload) -> dict[str, Any]:
-    from simulator.des import simulate
+    """Simulate with the serving stack's fitted fixed latencies."""
+    return simulate_with(deployment, workload, serving_overhead(
+        deployment.engine, deployment.disaggregated))
 
-    return simulate(deployment, workload).metrics()
+
+def simulate_with(deployment: Deployment, workload: Workload,
+                  overhead: ServingOverhead) -> dict[str, Any]:
+    from simulator.des import SimOptions, simulate
+
+    options = SimOptions(api_overhead_ms=overhead.api_overhead_ms,
+                         handoff_ms=overhead.handoff_ms)
+    return simulate(deployment, workload, options=options).metrics()
 
 
 def _mape(pred: pd.Series, meas: pd.Series) -> float | None:
@@ -215,6 +230,7 @@ def validate(rows: pd.DataFrame, predictor: Predictor = default_predictor,
                 progress(len(out), len(items))
     df = pd.DataFrame(out)
     df["moe"] = df.model.map({m: is_moe_model(m) for m in df.model.unique()})
+    df["fit_row"] = df.id.map(in_fit_half) & (df.concurrency <= FIT_MAX_CONCURRENCY)
     return df
 
 
@@ -250,9 +266,11 @@ def summarize(df: pd.DataFrame, worst: int = 10) -> dict[str, Any]:
         "tpot_err_pct", ascending=False).head(worst)
     reasons = df[~df.covered].reason.value_counts().head(10)
     overall = block(df)
+    held = df[~df.fit_row]
     return {"rows": overall["rows"], "covered": overall["covered"],
             "overall": {"tpot_mape": overall["tpot_mape"], "ttft_mape": overall["ttft_mape"]},
             "moe": block(df[df.moe]), "groups": groups,
+            "held_out": {"all": block(held), "moe": block(held[held.moe])},
             "worst": worst_rows[["id", "pred_tpot_ms", "tpot_ms", "pred_ttft_ms", "ttft_ms",
                                  "tpot_err_pct"]].to_dict(orient="records"),
             "not_covered": {str(k): int(v) for k, v in reasons.items()}}

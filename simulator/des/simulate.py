@@ -59,6 +59,11 @@ class SimOptions:
     """Truncation of that power law: the most an expert's weight can exceed the least's."""
     price_bits: int = 6
     """Significant bits kept of each per-rank batch figure when memoizing step prices."""
+    api_overhead_ms: float = 0.0
+    """Time from a request's arrival to the engine's scheduler (HTTP, tokenization, routing)."""
+    handoff_ms: float = 0.0
+    """P/D: fixed latency of a prefill-to-decode handoff besides moving the KV bytes (proxy
+    hop, transfer setup, the decode side picking the request up)."""
 
 
 def simulate(deployment: Deployment, workload: Workload, *,
@@ -186,7 +191,14 @@ class _Run:
         return engines[self.routers[role].pick(engines)]
 
     def submit(self, rid: int) -> None:
-        """A request arrived."""
+        """A request arrived; it reaches the scheduler after the API overhead."""
+        delay = self.opts.api_overhead_ms / 1e3
+        if delay > 0:
+            self.env.timeout(delay).callbacks.append(lambda _: self._route(rid))
+        else:
+            self._route(rid)
+
+    def _route(self, rid: int) -> None:
         role = next(iter(self.engines))
         target = self._pick(role)
         if self.workload.mode == "decode_only":
@@ -214,9 +226,16 @@ class _Run:
         nbytes = self.model.kv_bytes(float(self.table.input_len[rid]),
                                      self.deployment.precision.kv_cache)
 
-        def arrived(_: simpy.Event) -> None:
-            prefill.release(prefill_rank, rid)
+        def activate(_: simpy.Event) -> None:
             engine.activate(rank, slot)
+
+        def arrived(event: simpy.Event) -> None:
+            prefill.release(prefill_rank, rid)
+            handoff = self.opts.handoff_ms / 1e3
+            if handoff > 0:
+                self.env.timeout(handoff).callbacks.append(activate)
+            else:
+                activate(event)
 
         self.network.send(prefill.name, engine.name, nbytes).callbacks.append(arrived)
 

@@ -107,6 +107,10 @@ def test_lone_request_ttft_is_prefill_step_plus_kv_transfer_plus_first_decode_st
     expected = prefill + kv_s + decode
     assert res.ttft_s[0] == pytest.approx(expected, rel=1e-9)
     assert kv_s > 0
+    # the serving stack's fixed latencies add to it exactly
+    slow = simulate(pd(), closed(1, 1, inp, 10), expert_counts=UNIFORM,
+                    options=SimOptions(api_overhead_ms=30.0, handoff_ms=120.0))
+    assert slow.ttft_s[0] == pytest.approx(expected + 0.150, rel=1e-9)
 
 
 def _lockstep_ttft(tmp_path: Path, lengths: list[int]) -> np.ndarray:

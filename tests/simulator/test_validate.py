@@ -74,3 +74,21 @@ def test_unknown_filter_value_is_one_clear_error(capsys):
     assert main(["validate", "--system", "h999"]) == 2
     err = capsys.readouterr().err
     assert "--system='h999'" in err and "h200_sxm" in err
+
+
+def test_serving_overhead_is_fitted_per_engine_and_only_pd_pays_the_handoff():
+    from simulator.calibration.serving import in_fit_half, serving_overhead
+
+    agg, pd_ = serving_overhead("sglang", False), serving_overhead("sglang", True)
+    assert agg.handoff_ms == 0.0 and pd_.handoff_ms > 0.0
+    assert agg.api_overhead_ms == pd_.api_overhead_ms >= 0.0
+    assert serving_overhead("tgi", True).api_overhead_ms == 0.0  # nothing fitted
+    assert in_fit_half("row-a") == in_fit_half("row-a")
+
+
+def test_report_scores_the_rows_left_out_of_fitting(rows):
+    sample = rows[(rows.backend == "vllm") & (rows.concurrency <= 4)].head(4)
+    df = validate(sample, predictor=lambda d, w: {"ttft_ms": {"mean": 1.0},
+                                                  "tpot_ms": {"mean": 1.0}})
+    report = summarize(df)
+    assert report["held_out"]["all"]["rows"] == int((~df.fit_row).sum())

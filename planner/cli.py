@@ -122,6 +122,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     overhead = ServingOverhead() if args.engine_only else serving_overhead(
         deployment.engine, deployment.disaggregated)
     options = SimOptions(api_overhead_ms=overhead.api_overhead_ms,
+                         step_overhead_ms=overhead.step_overhead_ms,
                          handoff_ms=overhead.handoff_ms)
     with _progress("simulating", total=1.0) as advance:
         result = simulate(deployment, workload, progress=advance, options=options)

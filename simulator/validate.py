@@ -104,8 +104,14 @@ def _num(v: Any, default: float = 0.0) -> float:
     return default if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
-def _role(tp: float, dp: float, moe_tp: float, moe_ep: float, instances: float,
-          concurrency: float, isl: float, moe: bool) -> RoleSpec:
+WIDE_EP = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency",
+           "aggregated": "deepep_low_latency"}
+"""Token exchange of attention-DP layouts in SGLang and TensorRT-LLM (DeepEP-style all-to-all);
+vLLM rows keep vLLM's own default."""
+
+
+def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: float,
+          instances: float, concurrency: float, isl: float, moe: bool) -> RoleSpec:
     tp, dp = int(_num(tp, 1) or 1), int(_num(dp, 1) or 1)
     mtp, ep = int(_num(moe_tp, 1) or 1), int(_num(moe_ep, 1) or 1)
     if dp <= 1 and mtp > 1 and ep > 1 and tp == mtp * ep:
@@ -122,8 +128,17 @@ def _role(tp: float, dp: float, moe_tp: float, moe_ep: float, instances: float,
     common = {"instances": n, "max_num_seqs": seqs,
               "max_num_batched_tokens": int(max(8192, isl))}
     if dp > 1:
-        return RoleSpec(dep=dp, **common)
+        a2a = WIDE_EP[name] if engine != "vllm" and moe else None
+        return RoleSpec(dep=dp, all2all_backend=a2a, **common)
     return RoleSpec(tp=tp, enable_expert_parallel=moe and ep > 1, **common)
+
+
+def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurrency: float,
+              moe: bool) -> RoleSpec:
+    """One role's layout from its columns (`prefix` is "", "prefill_" or "decode_")."""
+    return _role(name, row.backend, row[f"{prefix}tp_size"], row[f"{prefix}attention_dp_size"],
+                 row[f"{prefix}moe_tp_size"], row[f"{prefix}moe_ep_size"], instances,
+                 concurrency, float(row.isl), moe)
 
 
 def case_from_row(row: pd.Series) -> Case:
@@ -145,15 +160,12 @@ def case_from_row(row: pd.Series) -> Case:
     base: dict[str, Any] = {"model": model_ref, "hardware": SYSTEMS[row.system],
                             "engine": row.backend, "precision": precision}
     if row["mode"] == "agg":
-        base["aggregated"] = _role(row.tp_size, row.attention_dp_size, row.moe_tp_size,
-                                   row.moe_ep_size, 1, conc, isl, model.is_moe)
+        base["aggregated"] = _row_role(row, "", "aggregated", 1, conc, model.is_moe)
     else:
-        base["prefill"] = _role(row.prefill_tp_size, row.prefill_attention_dp_size,
-                                row.prefill_moe_tp_size, row.prefill_moe_ep_size,
-                                row.prefill_num_workers, 1, isl, model.is_moe)
-        base["decode"] = _role(row.decode_tp_size, row.decode_attention_dp_size,
-                               row.decode_moe_tp_size, row.decode_moe_ep_size,
-                               row.decode_num_workers, conc, isl, model.is_moe)
+        base["prefill"] = _row_role(row, "prefill_", "prefill", row.prefill_num_workers, 1,
+                                    model.is_moe)
+        base["decode"] = _row_role(row, "decode_", "decode", row.decode_num_workers, conc,
+                                   model.is_moe)
     deployment = Deployment(**base)
     workload = Workload.model_validate({
         "arrival": {"kind": "closed", "concurrency": int(conc)},
@@ -179,6 +191,7 @@ def simulate_with(deployment: Deployment, workload: Workload,
     from simulator.des import SimOptions, simulate
 
     options = SimOptions(api_overhead_ms=overhead.api_overhead_ms,
+                         step_overhead_ms=overhead.step_overhead_ms,
                          handoff_ms=overhead.handoff_ms)
     return simulate(deployment, workload, options=options).metrics()
 

@@ -2,10 +2,11 @@
 
 A measured TTFT holds more than engine steps: the API server (HTTP, tokenization, routing) and, for
 P/D, the handoff between prefill and decode (proxy hop, transfer setup, the decode side picking the
-request up). `benchmarks/fit_serving_overhead.py` fits one value of each per engine on the low-
-concurrency rows of a fixed half of aiconfigurator-core's silicon sample (where queueing is
-negligible), and writes `data/serving_overhead.json`; `rackplan validate` reports its error on the
-rows that were not fitted as well.
+request up). Each engine step also carries a fixed cost that the kernel tables do not (scheduling
+and launches the GPU does not hide). `benchmarks/fit_serving_overhead.py` fits one value of each
+per engine on the low-concurrency rows of a fixed half of aiconfigurator-core's silicon sample
+(where queueing is negligible), and writes `data/serving_overhead.json`; `rackplan validate`
+reports its error on the rows that were not fitted as well.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class ServingOverhead:
 
     api_overhead_ms: float = 0.0
     """Arrival to scheduler."""
+    step_overhead_ms: float | None = None
+    """Per engine step; None: the cost model's default."""
     handoff_ms: float = 0.0
     """P/D handoff besides the KV bytes."""
 
@@ -48,6 +51,8 @@ def _table() -> dict[str, Any]:
 def serving_overhead(engine: str, disaggregated: bool) -> ServingOverhead:
     """The fitted overhead of an engine (zeros where nothing was fitted)."""
     fitted = _table().get("engines", {}).get(engine, {})
+    step = fitted.get("step_overhead_ms")
     return ServingOverhead(
         api_overhead_ms=float(fitted.get("api_overhead_ms", 0.0)),
+        step_overhead_ms=None if step is None else float(step),
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)

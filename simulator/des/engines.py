@@ -13,7 +13,7 @@ rank for the MoE), waits that long, then applies the step to its requests.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -125,16 +125,26 @@ class Engine:
 
     # ---- helpers -------------------------------------------------------------------------
 
-    def _cache_lookup(self, cache: BlockLRU | None, rid: int) -> int:
-        """Set and return the cached prompt tokens of a request this instance takes."""
+    def _init_prompts(self, spec: RoleSpec, cache: BlockLRU | None, finish_at_prefill: bool,
+                      admit: Callable[[int, int], int | None]) -> None:
+        """Set up a prompt queue (instances that prefill): chunked prefill under the batch
+        limits, the prefix cache, and the ranks blocked on admission."""
+        self.cache, self.finish_at_prefill = cache, finish_at_prefill
+        self.chunks = ChunkScheduler(self.dp, spec.max_num_batched_tokens, spec.max_num_seqs,
+                                     admit)
+        self._blocked: set[int] = set()
+
+    def _enqueue_prompt(self, rid: int) -> None:
+        """Queue a request's uncached prompt tokens for chunked prefill."""
         t = self.table
         n, blocks = int(t.input_len[rid]), t.blocks[rid]
-        if blocks is not None and cache is not None:
-            cached = cached_tokens(cache.hits(blocks), n)
+        if blocks is not None and self.cache is not None:
+            cached = cached_tokens(self.cache.hits(blocks), n)
         else:
             cached = min(int(self.shared.prefix_hit_rate * n), n - 1)
         t.cached[rid] = cached
-        return cached
+        self.chunks.enqueue(rid, n - cached, cached)
+        self.poke()
 
     def _finish(self, rids: np.ndarray | list[int]) -> None:
         now = self.env.now
@@ -174,16 +184,11 @@ class PrefillEngine(Engine):
                  experts: ExpertLoad | None, kv_tokens: int, cache: BlockLRU | None,
                  finish_at_prefill: bool = False) -> None:
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
-        self.cache, self.finish_at_prefill = cache, finish_at_prefill
-        self.chunks = ChunkScheduler(self.dp, spec.max_num_batched_tokens, spec.max_num_seqs,
-                                     self._admit)
-        self._blocked: set[int] = set()
+        self._init_prompts(spec, cache, finish_at_prefill, self._admit)
 
     def take(self, rid: int) -> None:
         """A request routed here."""
-        cached = self._cache_lookup(self.cache, rid)
-        self.chunks.enqueue(rid, int(self.table.input_len[rid]) - cached, cached)
-        self.poke()
+        self._enqueue_prompt(rid)
 
     def _admit(self, rank: int, rid: int) -> int | None:
         need = float(self.table.input_len[rid])
@@ -296,16 +301,11 @@ class AggregatedEngine(DecodeEngine):
                  experts: ExpertLoad | None, kv_tokens: int, cache: BlockLRU | None,
                  finish_at_prefill: bool = False) -> None:
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
-        self.cache, self.finish_at_prefill = cache, finish_at_prefill
-        self.chunks = ChunkScheduler(self.dp, spec.max_num_batched_tokens, spec.max_num_seqs,
-                                     self._reserve)
-        self._blocked: set[int] = set()
+        self._init_prompts(spec, cache, finish_at_prefill, self._reserve)
 
     def take_prompt(self, rid: int) -> None:
         """A request to prefill (and then decode) here."""
-        cached = self._cache_lookup(self.cache, rid)
-        self.chunks.enqueue(rid, int(self.table.input_len[rid]) - cached, cached)
-        self.poke()
+        self._enqueue_prompt(rid)
 
     def _reserve(self, rank: int, rid: int) -> int | None:
         output = 0.0 if self.finish_at_prefill else float(self.table.output_len[rid])

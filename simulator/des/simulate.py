@@ -61,6 +61,9 @@ class SimOptions:
     """Significant bits kept of each per-rank batch figure when memoizing step prices."""
     api_overhead_ms: float = 0.0
     """Time from a request's arrival to the engine's scheduler (HTTP, tokenization, routing)."""
+    step_overhead_ms: float | None = None
+    """Fixed cost of every engine step (scheduling, launches not hidden by the GPU); None: the
+    cost model's default for the hardware kind."""
     handoff_ms: float = 0.0
     """P/D: fixed latency of a prefill-to-decode handoff besides moving the KV bytes (proxy
     hop, transfer setup, the decode side picking the request up)."""
@@ -161,7 +164,8 @@ class _Run:
         pricer = self.pricers.get((role, a2a))
         if pricer is None:
             inst = instance_from_role(m, hw, role, spec, d.precision.weights,
-                                      d.precision.kv_cache, a2a_gb_s=a2a)
+                                      d.precision.kv_cache, a2a_gb_s=a2a,
+                                      overhead_ms=self.opts.step_overhead_ms)
             pricer = self.pricers[(role, a2a)] = StepPricer(inst, self.calibration,
                                                             self.opts.price_bits)
         kv_tokens = self.kv_tokens[role]

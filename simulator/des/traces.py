@@ -1,8 +1,11 @@
 """Read request traces: the public Mooncake JSONL format, or a CSV with the same columns.
 
 Each row: ``timestamp`` (ms from the trace start), ``input_length``, ``output_length`` and,
-optionally, ``hash_ids`` (ids of the prompt's 512-token prefix blocks). A CSV gives hash_ids as
-numbers separated by spaces, semicolons or commas inside one field (``"[0, 1, 2]"`` works too).
+optionally, ``hash_ids`` (ids of the prompt's 512-token prefix blocks) and ``session_id``. A CSV
+gives hash_ids as numbers separated by spaces, semicolons or commas inside one field
+(``"[0, 1, 2]"`` works too). A row with a session id but no hash_ids gets block ids from its
+session: its prompt starts with the blocks of the session's previous turn (prompt and output),
+so multi-turn traces hit the prefix cache as the conversation grows.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.des.prefix_cache import BLOCK_TOKENS
 from simulator.specs.errors import SpecError
 
 COLUMNS = ("timestamp", "input_length", "output_length")
@@ -49,12 +53,46 @@ def read_trace(path: str | Path, time_scale: float = 1.0, limit: int | None = No
     if limit is not None:
         order = order[:limit]
     ts = np.array([parsed[i][0] for i in order], dtype=float)
+    sessions = [_session(rows[i]) for i in order]
     return Trace(
         arrival_s=(ts - ts.min()) / 1000.0 * time_scale,
         input_len=np.array([parsed[i][1] for i in order], dtype=np.int64),
         output_len=np.array([parsed[i][2] for i in order], dtype=np.int64),
-        blocks=[parsed[i][3] for i in order],
+        blocks=_session_blocks([parsed[i] for i in order], sessions),
     )
+
+
+def _session(row: dict[str, Any]) -> str | None:
+    sid = row.get("session_id", row.get("session"))
+    return None if sid is None or sid == "" else str(sid)
+
+
+def _session_blocks(parsed: list[tuple[float, int, int, tuple[int, ...] | None]],
+                    sessions: list[str | None]) -> list[tuple[int, ...] | None]:
+    """Block ids of each row: its own hash_ids, else ids that carry its session's context
+    (negative, so they never meet a trace's own ids)."""
+    context: dict[str, list[int]] = {}
+    next_id = -1
+    out: list[tuple[int, ...] | None] = []
+    for (_, inp, outp, blocks), sid in zip(parsed, sessions, strict=True):
+        if blocks is not None or sid is None:
+            out.append(blocks)
+            continue
+        held = context.get(sid, [])
+        need = -(-inp // BLOCK_TOKENS)
+        mine = held[:need]
+        while len(mine) < need:
+            mine.append(next_id)
+            next_id -= 1
+        out.append(tuple(mine))
+        # the next turn's prompt holds this prompt and its output
+        grown = list(mine[: inp // BLOCK_TOKENS])
+        full = (inp + outp) // BLOCK_TOKENS
+        while len(grown) < full:
+            grown.append(next_id)
+            next_id -= 1
+        context[sid] = grown
+    return out
 
 
 def _read_jsonl(p: Path) -> list[dict[str, Any]]:

@@ -332,3 +332,15 @@ def test_csv_trace_with_hash_ids_and_bad_traces(tmp_path: Path) -> None:
         read_trace(tmp_path / "bad.csv")
     with pytest.raises(SpecError, match="does not exist"):
         read_trace(tmp_path / "missing.jsonl")
+
+
+def test_trace_sessions_carry_their_context_into_prefix_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp,input_length,output_length,session_id\n"
+                    "0,1024,512,a\n10,300,20,b\n2000,2048,100,a\n")
+    trace = read_trace(path)
+    first, other, second = trace.blocks
+    assert first is not None and second is not None and other is not None
+    assert len(first) == 2 and len(second) == 4
+    assert second[:3] == (*first, second[2]) and second[2] not in first  # turn 1 + its output
+    assert not set(other) & set(second)

@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rackplan step examples/deepseek-v3-h200-dep8.yaml --role decode --batch 128 --context 4096
+	$(BIN)/rackplan search
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from planner import defaults
 from simulator.specs.errors import SpecError
 
 EXIT_BAD_INPUT = 2
@@ -112,13 +113,14 @@ def cmd_step(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from planner.plan import load_plan_or_deployment
     from simulator.calibration.serving import ServingOverhead, serving_overhead
     from simulator.des import SimOptions, simulate
-    from simulator.specs.loading import load_deployment, load_workload
+    from simulator.specs.loading import load_workload
     from simulator.specs.workload import Workload
 
-    deployment = load_deployment(Path(args.deployment))
-    workload = load_workload(Path(args.workload)) if args.workload else Workload()
+    deployment, planned = load_plan_or_deployment(args.deployment)
+    workload = load_workload(Path(args.workload)) if args.workload else planned or Workload()
     overhead = ServingOverhead() if args.engine_only else serving_overhead(
         deployment.engine, deployment.disaggregated)
     options = SimOptions(api_overhead_ms=overhead.api_overhead_ms,
@@ -213,6 +215,119 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from planner.objectives import load_slo_file, merge_slos, parse_slo
+    from planner.plan import build_plan, describe, summarize, to_json, write_plan
+    from planner.search import SearchConfig, finished, records, run_search
+    from planner.space import build_space
+    from planner.storage import redact
+
+    slos = [parse_slo(text) for text in args.slo or []]
+    if args.slo_file:
+        slos = [*load_slo_file(args.slo_file), *slos]
+    config = SearchConfig(
+        space=build_space(args.model, args.hardware, args.gpus),
+        workload=defaults.load_workload_arg(args.workload),
+        slos=merge_slos(slos) if slos or args.slo_file else defaults.SLOS,
+        objective=args.objective, trials=args.trials, seed=args.seed, storage=args.storage,
+        study=args.study, workers=args.workers, screen=not args.no_screen,
+        max_simulations=args.max_simulations)
+    with _search_progress(config.trials) as update:
+        study = run_search(config, progress=lambda n, trials: update(
+            n, _best_text(summarize(records(trials), config.slos))))
+    summary = summarize(records(finished(study)), config.slos)
+    name, storage = config.study_name(), redact(config.storage)
+    out = None
+    if summary.best is not None:
+        plan = build_plan(summary, config.workload, config.slos, config.objective, config.seed,
+                          name, storage)
+        out = write_plan(plan, args.out)
+    if args.json:
+        _print_json({**to_json(summary), "plan": str(out) if out else None, "study": name,
+                     "storage": storage})
+    else:
+        _print_search(summary, config, name, storage, out)
+    if summary.best is None:
+        near = summary.closest
+        hint = f"; closest: {describe(near['deployment'])}" if near else ""
+        print(f"rackplan: no plan met the SLOs ({', '.join(str(s) for s in config.slos)}) in "
+              f"{summary.trials} trials{hint}; relax --slo or raise --trials", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _best_text(summary: Any) -> str:
+    best = summary.best
+    if best is None:
+        return "no feasible plan yet"
+    return f"best {best['metrics']['throughput_tok_s_gpu']:,.0f} tok/s/GPU"
+
+
+def _print_search(summary: Any, config: Any, name: str, storage: str,
+                  out: Path | None) -> None:
+    from planner.plan import describe
+
+    c = _console()
+    s = config.space
+    c.print(f"[bold]search[/] {s.model} on up to {s.gpus} x {s.hardware}, objective "
+            f"{config.objective}, SLOs: {', '.join(str(x) for x in config.slos) or 'none'}")
+    c.print(f"{summary.trials} trials: {summary.rejected} rejected before simulation, "
+            f"{summary.screened_out} screened out, {summary.simulations} simulated, "
+            f"{summary.feasible} feasible"
+            + (f", {summary.failed} failed" if summary.failed else "")
+            + f" (study {name} in {storage})")
+    if summary.best is None:
+        return
+    d = summary.best["deployment"]
+    t = Table(title=f"chosen plan (trial {summary.best['number']})")
+    for col in ("role", "instances", "DEP", "GPUs", "max_num_seqs", "max_num_batched_tokens",
+                "redundant experts", "MTP tokens", "all2all"):
+        t.add_column(col, justify="left" if col in ("role", "all2all") else "right")
+    for role in ("prefill", "decode", "aggregated"):
+        r = d.get(role)
+        if r is None:
+            continue
+        n, dep = r.get("instances", 1), r.get("dep", 1)
+        spec = r.get("speculative")
+        t.add_row(role, str(n), str(dep), str(n * dep),
+                  "-" if role == "prefill" else str(r.get("max_num_seqs", 256)),
+                  "-" if role == "decode" else str(r.get("max_num_batched_tokens", 8192)),
+                  str(r.get("redundant_experts", 0)),
+                  "-" if role == "prefill" else str(spec.get("tokens", 1) if spec else 0),
+                  r.get("all2all_backend") or "default")
+    c.print(t)
+    _print_metrics(summary.best["metrics"])
+    others = [("alternative", r) for r in summary.alternatives] + [
+        ("pareto", r) for r in summary.pareto]
+    if others:
+        a = Table(title="alternatives and Pareto front (simulated)")
+        for col in ("kind", "trial", "deployment", "tok/s/GPU", "tok/s/user p50", "TTFT p90 ms"):
+            a.add_column(col, justify="left" if col in ("kind", "deployment") else "right")
+        for kind, r in others:
+            m = r["metrics"]
+            a.add_row(kind, str(r["number"]), describe(r["deployment"]),
+                      _num(m["throughput_tok_s_gpu"], ",.0f"), _num(m["tok_s_user"]["p50"], ",.1f"),
+                      _num(m["ttft_ms"]["p90"], ",.0f"))
+        c.print(a)
+    if out is not None:
+        c.print(f"plan written to {out}")
+
+
+@contextmanager
+def _search_progress(total: int) -> Iterator[Callable[[int, str], None]]:
+    """A progress bar on stderr: trials done and the best plan so far."""
+    with Progress(TextColumn("searching"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[best]}"), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty(),
+                  ) as bar:
+        task = bar.add_task("search", total=total, best="")
+
+        def update(done: int, best: str) -> None:
+            bar.update(task, completed=done, best=best)
+
+        yield update
+
+
 def _fmt_pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -259,14 +374,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_step)
 
     p = sub.add_parser("simulate", help="simulate a deployment under a workload")
-    p.add_argument("deployment", help="deployment YAML (DESIGN.md format)")
-    p.add_argument("--workload", help="workload YAML; default: closed loop at 2048, 4000 "
-                                      "requests of 2000 in / 1000 out")
+    p.add_argument("deployment", help="deployment YAML (DESIGN.md format), or a plan.yaml")
+    p.add_argument("--workload", help="workload YAML; default: a plan's own workload, else "
+                                      "closed loop at 2048, 4000 requests of 2000 in / 1000 out")
     p.add_argument("--engine-only", action="store_true",
                    help="leave out the serving stack's fitted fixed latencies (API server, P/D "
                         "handoff) and time the engine alone")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("search", help="search deployments for the best plan under SLOs")
+    p.add_argument("--model", default=defaults.MODEL,
+                   help=f"model preset or config.json (default {defaults.MODEL})")
+    p.add_argument("--hardware", default=defaults.HARDWARE,
+                   help=f"hardware preset (default {defaults.HARDWARE})")
+    p.add_argument("--gpus", type=int, default=defaults.GPUS,
+                   help=f"GPU budget (default {defaults.GPUS})")
+    p.add_argument("--workload", help=f"workload YAML or preset name (default "
+                                      f"{defaults.WORKLOAD}: multi-turn agent sessions)")
+    p.add_argument("--slo", action="append", metavar="NAME=VALUE",
+                   help="an SLO, repeatable: ttft_p90_ms=2000 (upper bound), "
+                        "tok_s_user_p90=20 (lower bound); default: "
+                        + " and ".join(f"{s.metric}={s.value:g}" for s in defaults.SLOS))
+    p.add_argument("--slo-file", help="YAML mapping of SLOs, e.g. {ttft_p90_ms: 2000}")
+    p.add_argument("--objective", choices=["slo", "pareto"], default="slo",
+                   help="slo: most throughput per GPU within the SLOs; pareto: the front of "
+                        "throughput per GPU vs tokens/s per user (default slo)")
+    p.add_argument("--trials", type=int, default=defaults.TRIALS,
+                   help="finished trials the study should hold; a resumed study runs the rest "
+                        f"(default {defaults.TRIALS})")
+    p.add_argument("--storage", default=defaults.STORAGE,
+                   help="Optuna storage: sqlite:///PATH, another RDB URL, or journal:PATH "
+                        f"(default {defaults.STORAGE})")
+    p.add_argument("--study", help="study name (default: derived from the search, so the same "
+                                   "search resumes)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="local processes sharing the storage (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--max-simulations", type=int, metavar="N",
+                   help="stop once the study has run N simulations (default: no limit)")
+    p.add_argument("--no-screen", action="store_true",
+                   help="simulate every feasible point (no analytic screening)")
+    p.add_argument("--out", default=defaults.OUT, help=f"plan file (default {defaults.OUT})")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("validate", help="accuracy against published measured deployments")
     p.add_argument("--backend", help="only rows of this backend (vllm, sglang, trtllm)")

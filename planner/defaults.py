@@ -1,0 +1,48 @@
+"""What `rackplan search` (and `make demo`) plans when told nothing: DeepSeek-R1 on one GB300
+NVL72 rack under agentic traffic, at 100 tokens/s per user."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from planner.objectives import SLO
+from simulator.specs.errors import SpecError
+from simulator.specs.loading import load_workload
+from simulator.specs.workload import Workload
+
+MODEL = "deepseek-r1"
+HARDWARE = "gb300"
+GPUS = 72
+"""One GB300 NVL72 rack."""
+WORKLOAD = "agentic"
+"""Workload preset: multi-turn agent sessions (planner/presets/agentic.yaml)."""
+SLOS = (SLO("tok_s_user_p90", 100.0), SLO("ttft_p90_ms", 3000.0))
+"""P90 tokens/s per user >= 100, and P90 TTFT <= 3 s so that no plan wins by letting
+requests queue."""
+TRIALS = 100
+"""Trials of the default search (fits the demo's one minute on two cores)."""
+STORAGE = "sqlite:///runs/rackplan.db"
+"""Optuna storage: an SQLite file under runs/ in the working directory."""
+OUT = "runs/plan.yaml"
+"""Where the plan is written."""
+
+
+def workload_presets() -> list[str]:
+    """Names of the shipped workload presets."""
+    folder = resources.files("planner").joinpath("presets")
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def load_workload_arg(value: str | None) -> Workload:
+    """A workload from a YAML path or a preset name (default: the agentic preset)."""
+    name = value or WORKLOAD
+    if Path(name).exists() or name.endswith((".yaml", ".yml")):
+        return load_workload(Path(name))
+    if name not in workload_presets():
+        raise SpecError(f"--workload {name!r} is neither a file nor a preset; presets: "
+                        f"{', '.join(workload_presets())}")
+    text = resources.files("planner").joinpath(f"presets/{name}.yaml")
+    with resources.as_file(text) as path:
+        return load_workload(path)

@@ -1,0 +1,59 @@
+"""The search's objective function: a deployment -> its `simulate --json` metrics.
+
+`Simulator` runs the discrete-event simulation exactly as `rackplan simulate` does (same serving
+overheads, same default simulation options), so a plan's predicted metrics are what
+`rackplan simulate plan.yaml` prints. Calibration tables are loaded once per process and
+hardware, and reused by every evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from simulator.calibration import Calibration, load_calibration
+from simulator.calibration.serving import ServingOverhead, serving_overhead
+from simulator.des import SimOptions, simulate
+from simulator.specs.deployment import Deployment
+from simulator.specs.hardware import load_hardware
+from simulator.specs.workload import Workload
+
+Evaluate = Callable[[Deployment], dict[str, Any]]
+"""A function from a deployment to metrics shaped like `simulate --json` (STYLE rule 7)."""
+
+_CALIBRATIONS: dict[tuple[str, str, str | None], Calibration] = {}
+
+
+def calibration_for(deployment: Deployment) -> Calibration:
+    """The kernel tables of a deployment's hardware and engine, loaded once per process."""
+    key = (deployment.hardware, deployment.engine, deployment.engine_version)
+    if key not in _CALIBRATIONS:
+        _CALIBRATIONS[key] = load_calibration(load_hardware(deployment.hardware),
+                                              deployment.engine, deployment.engine_version)
+    return _CALIBRATIONS[key]
+
+
+def overhead_for(deployment: Deployment) -> ServingOverhead:
+    """The fitted serving-stack latencies `rackplan simulate` applies to this deployment."""
+    return serving_overhead(deployment.engine, deployment.disaggregated)
+
+
+def sim_options(deployment: Deployment) -> SimOptions:
+    """The simulation options `rackplan simulate` uses for this deployment."""
+    o = overhead_for(deployment)
+    return SimOptions(api_overhead_ms=o.api_overhead_ms, step_overhead_ms=o.step_overhead_ms,
+                      handoff_ms=o.handoff_ms)
+
+
+class Simulator:
+    """Evaluate by discrete-event simulation of one workload (picklable, for worker
+    processes)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+
+    def __call__(self, deployment: Deployment) -> dict[str, Any]:
+        """The `simulate --json` metrics of `deployment` under the workload."""
+        result = simulate(deployment, self.workload, calibration=calibration_for(deployment),
+                          options=sim_options(deployment))
+        return result.metrics()

@@ -1,0 +1,237 @@
+"""The search's answer: a summary of its trials, and plan.yaml.
+
+plan.yaml holds the chosen deployment under ``deployment:`` in the DESIGN.md format, the
+workload, the SLOs, the metrics the simulation predicts, provenance (rackplan and
+aiconfigurator-core versions, calibration tables, seed, study), the top alternatives and the
+Pareto front. `rackplan simulate plan.yaml` reads the deployment (and the workload, unless
+--workload is given) and prints the predicted metrics again. Every metric here comes from a
+simulation: screened-out points never enter a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.evaluate import calibration_for, overhead_for
+from planner.objectives import (
+    SLO,
+    THROUGHPUT,
+    USER_SPEED,
+    metric_value,
+    pareto_front,
+    violation,
+)
+from simulator.cost.step import Batch, step_time
+from simulator.resolve import resolve
+from simulator.specs.deployment import Deployment
+from simulator.specs.errors import SpecError
+from simulator.specs.loading import dump_workload, load_deployment, load_workload, read_yaml
+from simulator.specs.workload import Workload
+
+PLAN_FORMAT = 1
+"""Version of the plan.yaml layout."""
+ALTERNATIVES = 3
+"""Feasible plans listed after the best one."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a search found, from its trial records (see `planner.search.records`)."""
+
+    trials: int
+    """Finished trials."""
+    rejected: int
+    """Trials rejected before any estimate (budget, vLLM rules, memory, topology)."""
+    screened_out: int
+    """Trials the analytic screen kept from simulation."""
+    simulations: int
+    """Simulations run (a deployment seen again reuses its simulation)."""
+    failed: int
+    """Trials whose evaluation raised an error."""
+    feasible: int
+    """Distinct simulated deployments that meet every SLO."""
+    best: dict[str, Any] | None
+    """Record of the chosen plan: the most throughput per GPU among feasible ones (for the
+    pareto objective: the front's point with the most throughput); None when none is
+    feasible."""
+    alternatives: list[dict[str, Any]]
+    """Next-best feasible records, by throughput per GPU."""
+    pareto: list[dict[str, Any]]
+    """Feasible records on the front of throughput per GPU vs median tokens/s per user."""
+    closest: dict[str, Any] | None
+    """When nothing is feasible: the simulated record closest to meeting the SLOs."""
+
+
+def summarize(records: list[dict[str, Any]], slos: tuple[SLO, ...] = ()) -> Summary:
+    """Summary of trial records (each a `record` attribute plus its trial `number`)."""
+    sims = [r for r in records if r["stage"] == "simulated"]
+    distinct: dict[str, dict[str, Any]] = {}
+    for r in sorted(sims, key=lambda r: r["number"]):
+        distinct.setdefault(json.dumps(r["deployment"], sort_keys=True), r)
+    unique = list(distinct.values())
+    ok = sorted((r for r in unique if r.get("meets_slo")),
+                key=lambda r: (-(metric_value(r["metrics"], THROUGHPUT) or 0.0), r["number"]))
+    points = [[metric_value(r["metrics"], k) or 0.0 for k in (THROUGHPUT, USER_SPEED)]
+              for r in ok]
+    front = [ok[i] for i in pareto_front(points)]
+    closest = None
+    if not ok and unique:
+        closest = min(unique, key=lambda r: (violation(r["metrics"], slos), r["number"]))
+    best = ok[0] if ok else None
+    return Summary(
+        trials=len(records),
+        rejected=sum(r["stage"] == "rejected" for r in records),
+        screened_out=sum(r["stage"] == "screened_out" for r in records),
+        simulations=sum(r["stage"] == "simulated" and "reused" not in r for r in records),
+        failed=sum(r["stage"] == "failed" for r in records),
+        feasible=len(ok), best=best, alternatives=ok[1: 1 + ALTERNATIVES], pareto=front,
+        closest=closest)
+
+
+def describe(d: dict[str, Any]) -> str:
+    """One line for a deployment's plain data: P 2xDEP8 (8192 tok) + D 1xDEP32 (R32, seqs 4,
+    MTP3, allgather)."""
+    parts = []
+    for role, tag in (("prefill", "P"), ("decode", "D"), ("aggregated", "A")):
+        r = d.get(role)
+        if r is None:
+            continue
+        extra = [f"R{r['redundant_experts']}"] if r.get("redundant_experts") else []
+        if role != "prefill":
+            extra.append(f"seqs {r.get('max_num_seqs', 256)}")
+            if r.get("speculative"):
+                extra.append(f"MTP{r['speculative'].get('tokens', 1)}")
+            if r.get("all2all_backend"):
+                extra.append(r["all2all_backend"].split("_")[0])
+        if role != "decode":
+            extra.append(f"{r.get('max_num_batched_tokens', 8192)} tok")
+        parts.append(f"{tag} {r.get('instances', 1)}xDEP{r.get('dep')} ({', '.join(extra)})")
+    return " + ".join(parts)
+
+
+def _entry(record: dict[str, Any]) -> dict[str, Any]:
+    return {"deployment": record["deployment"], "metrics": record["metrics"],
+            "trial": record["number"]}
+
+
+def to_json(summary: Summary) -> dict[str, Any]:
+    """The `search --json` object."""
+    return {
+        "best": _entry(summary.best) if summary.best else None,
+        "trials": summary.trials, "feasible": summary.feasible,
+        "rejected": summary.rejected, "screened_out": summary.screened_out,
+        "simulations": summary.simulations, "failed": summary.failed,
+        "alternatives": [_entry(r) for r in summary.alternatives],
+        "pareto": [_entry(r) for r in summary.pareto],
+    }
+
+
+def build_plan(summary: Summary, workload: Workload, slos: tuple[SLO, ...], objective: str,
+               seed: int, study: str, storage: str) -> dict[str, Any]:
+    """The plan.yaml document for the summary's best record (SpecError when there is none)."""
+    if summary.best is None:
+        raise SpecError("no feasible plan to write")
+    best = summary.best
+    deployment = load_deployment(best["deployment"])
+    return {
+        "format": PLAN_FORMAT,
+        "deployment": best["deployment"],
+        "workload": dump_workload(workload),
+        "slo": {s.metric: s.value for s in slos},
+        "objective": objective,
+        "predicted": best["metrics"],
+        "provenance": provenance(deployment, seed, study, storage),
+        "search": {k: v for k, v in to_json(summary).items()
+                   if k in ("trials", "feasible", "rejected", "screened_out", "simulations",
+                            "failed")},
+        "alternatives": [_entry(r) for r in summary.alternatives],
+        "pareto": [_entry(r) for r in summary.pareto],
+    }
+
+
+def provenance(deployment: Deployment, seed: int, study: str, storage: str) -> dict[str, Any]:
+    """Where the prediction comes from: versions, calibration tables, serving overheads,
+    seed and study."""
+    o = overhead_for(deployment)
+    return {
+        "rackplan": _version("rackplan"),
+        "aiconfigurator_core": _version("aiconfigurator-core"),
+        "engine": deployment.engine, "engine_version": deployment.engine_version,
+        "calibration_tables": calibration_tables(deployment),
+        "serving_overhead_ms": {"api": o.api_overhead_ms, "step": o.step_overhead_ms,
+                                "handoff": o.handoff_ms},
+        "predicted_by": "discrete-event simulation (rackplan simulate)",
+        "seed": seed, "study": study, "storage": storage,
+    }
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_TABLE = re.compile(r"\(([^()]+/[^()]+)\)")
+
+
+def calibration_tables(deployment: Deployment) -> list[str]:
+    """The measured tables that price the deployment's steps (system/op/engine/version)."""
+    res = resolve(deployment, calibration_for(deployment))
+    found: set[str] = set()
+    for role in res.roles.values():
+        inst = role.instance
+        for batch in (Batch.decode(inst.dp, 8, 4096), Batch.prefill(inst.dp, 4096)):
+            st = step_time(inst, batch, res.calibration)
+            for text in st.provenance.values():
+                found.update(_TABLE.findall(text))
+    return sorted(found)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Safe YAML without anchors and aliases (the best plan also sits on the Pareto front)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def write_plan(plan: dict[str, Any], path: str | Path) -> Path:
+    """Write plan.yaml atomically (a temporary file in the same folder, then a rename)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("# rackplan plan: `rackplan simulate` reads its deployment and workload.\n")
+            yaml.dump(plan, f, Dumper=_PlainDumper, sort_keys=False, default_flow_style=None,
+                      width=100)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a plan is an ordinary file
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def is_plan(data: Any) -> bool:
+    """Whether parsed YAML is a plan (a deployment sits under `deployment:`)."""
+    return isinstance(data, dict) and isinstance(data.get("deployment"), dict)
+
+
+def load_plan_or_deployment(path: str | Path) -> tuple[Deployment, Workload | None]:
+    """A deployment YAML, or a plan.yaml's deployment and workload."""
+    data = read_yaml(Path(path))
+    if not is_plan(data):
+        return load_deployment(Path(path)), None
+    workload = data.get("workload")
+    return (load_deployment(data["deployment"]),
+            load_workload(workload) if isinstance(workload, dict) else None)

@@ -1,0 +1,274 @@
+"""The search space: which deployments of one model on one GPU budget the planner may try.
+
+`build_space` keeps only DEP sizes the topology can place and a rank's memory can hold, and per
+DEP size only redundant-expert counts that meet vLLM's rule (routed + redundant) % dep == 0.
+`suggest` draws a deployment through an Optuna trial (define-by-run; parameters that depend on
+the DEP size are named after it, so each name always has the same distribution), and
+`enumerate_params` lists every point for exhaustive runs. `check` rejects a point before any
+simulation: the GPU budget, then `resolve` (model rules, memory, topology).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from simulator.calibration import Calibration
+from simulator.cost.memory import check_memory
+from simulator.resolve import Resolved, resolve
+from simulator.specs.deployment import (
+    All2AllBackend,
+    Deployment,
+    Precision,
+    RoleSpec,
+    Speculative,
+)
+from simulator.specs.errors import SpecError
+from simulator.specs.hardware import load_hardware
+from simulator.specs.model import ModelSpec, load_model
+from simulator.specs.topology import InstanceRequest, Topology
+
+LAYOUTS = ("pd", "aggregated")
+"""pd: separate prefill and decode instances; aggregated: instances that do both."""
+
+
+class TrialLike(Protocol):
+    """The part of optuna.Trial that `suggest` uses."""
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+    def suggest_int(self, name: str, low: int, high: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Choices per role for one model x hardware x GPU budget (build it with `build_space`)."""
+
+    model: str
+    """Model preset name or config path."""
+    hardware: str
+    """Hardware preset name."""
+    gpus: int
+    """GPU budget: a deployment may use at most this many GPUs."""
+    deps: tuple[int, ...]
+    """DEP sizes that fit in memory and on the topology, ascending."""
+    redundant: Mapping[int, tuple[int, ...]]
+    """DEP size -> redundant-expert counts meeting (routed + redundant) % dep == 0."""
+    engine: str = "vllm"
+    """Engine whose calibration tables price the steps."""
+    precision: Precision = field(default_factory=Precision)
+    """Weight and KV-cache dtypes (fixed, not searched)."""
+    layouts: tuple[str, ...] = LAYOUTS
+    """Layouts tried: pd and/or aggregated."""
+    max_num_seqs: tuple[int, ...] = (4, 8, 16, 32, 64, 128, 256)
+    """Decode (and aggregated) batch limits per rank."""
+    max_num_batched_tokens: tuple[int, ...] = (4096, 8192, 16384, 32768)
+    """Prefill (and aggregated) step token limits per rank."""
+    mtp_tokens: tuple[int, ...] = (0,)
+    """MTP draft tokens (0: off); only (0,) for a model without MTP layers."""
+    mtp_acceptance: float = 0.7
+    """Assumed acceptance of each MTP draft token (a property of model and traffic)."""
+    all2all: tuple[All2AllBackend, ...] = ("deepep_low_latency", "allgather_reducescatter")
+    """MoE token exchange tried on decode and aggregated instances; prefill keeps the default."""
+
+    def instance_range(self, role: str, dep: int) -> tuple[int, int]:
+        """Instances of `role` at DEP `dep` worth trying: 1 up to what the budget leaves once
+        the other role (P/D) has its smallest instance."""
+        room = self.gpus - (self.deps[0] if role != "aggregated" else 0)
+        return 1, max(room // dep, 1)
+
+    def describe(self) -> dict[str, Any]:
+        """Plain data of the space (for the study name and plan provenance)."""
+        return {
+            "model": self.model, "hardware": self.hardware, "gpus": self.gpus,
+            "engine": self.engine, "precision": self.precision.model_dump(),
+            "layouts": list(self.layouts), "deps": list(self.deps),
+            "redundant": {str(d): list(r) for d, r in self.redundant.items()},
+            "max_num_seqs": list(self.max_num_seqs),
+            "max_num_batched_tokens": list(self.max_num_batched_tokens),
+            "mtp_tokens": list(self.mtp_tokens), "mtp_acceptance": self.mtp_acceptance,
+            "all2all": list(self.all2all),
+        }
+
+
+def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
+                precision: Precision | None = None, **choices: Any) -> SearchSpace:
+    """The space for `model` on at most `gpus` GPUs of `hardware`; `choices` override the other
+    SearchSpace fields (e.g. layouts=("pd",), max_num_seqs=(16, 64)). SpecError when nothing
+    fits."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise SpecError(f"--gpus={gpus!r} must be a whole number of GPUs >= 1")
+    spec, hw = load_model(model), load_hardware(hardware)
+    precision = precision or Precision()
+    mnbt = min(choices.get("max_num_batched_tokens", SearchSpace.max_num_batched_tokens))
+    topology = Topology.build(hw, gpus)
+    deps, redundant, why = [], {}, ""
+    for dep in _dep_candidates(gpus, choices.pop("deps", None)):
+        options = redundant_options(spec, dep)
+        if not options:
+            why = why or f"no redundant-expert count makes {spec.n_routed_experts} + R divisible"
+            continue
+        try:
+            topology.place([InstanceRequest("instance-0", dep)])
+            check_memory("instance", spec, hw, RoleSpec(dep=dep, redundant_experts=options[0],
+                                                         max_num_batched_tokens=mnbt),
+                         precision.weights, precision.kv_cache)
+        except SpecError as e:
+            why = str(e)
+            continue
+        deps.append(dep)
+        redundant[dep] = options
+    if not deps:
+        raise SpecError(f"{model} fits no DEP size on {gpus} x {hardware}: {why}")
+    if "mtp_tokens" not in choices:
+        choices["mtp_tokens"] = mtp_options(spec)
+    layouts = choices.get("layouts", LAYOUTS)
+    bad = [x for x in layouts if x not in LAYOUTS]
+    if bad or not layouts:
+        raise SpecError(f"layouts={list(layouts)!r}; valid: {', '.join(LAYOUTS)}")
+    if "pd" in layouts and 2 * deps[0] > gpus:
+        layouts = tuple(x for x in layouts if x != "pd")
+        if not layouts:
+            raise SpecError(f"P/D needs two instances of at least DEP{deps[0]} but the budget "
+                            f"is {gpus} GPUs")
+    choices["layouts"] = tuple(layouts)
+    return SearchSpace(model=model, hardware=hardware, gpus=gpus, deps=tuple(deps),
+                       redundant=redundant, engine=engine, precision=precision, **choices)
+
+
+def _dep_candidates(gpus: int, given: Any) -> list[int]:
+    if given is not None:
+        return sorted({int(d) for d in given if 1 <= int(d) <= gpus})
+    return sorted({d for d in (1, 2, 4) if d <= gpus} | set(range(8, gpus + 1, 8)))
+
+
+def redundant_options(model: ModelSpec, dep: int) -> tuple[int, ...]:
+    """Redundant-expert counts for DEP `dep`: those up to a quarter of the routed experts that
+    meet (routed + R) % dep == 0, thinned to 0, E/16, E/8 and E/4 plus the smallest valid one."""
+    e = model.n_routed_experts
+    if not model.is_moe:
+        return (0,)
+    valid = [r for r in range(0, e // 4 + 1) if (e + r) % dep == 0]
+    if not valid:
+        return ()
+    nice = {0, e // 16, e // 8, e // 4}
+    keep = {r for r in valid if r in nice} | {valid[0]}
+    return tuple(sorted(keep))
+
+
+def mtp_options(model: ModelSpec) -> tuple[int, ...]:
+    """MTP draft tokens worth trying: 0 (off) and 1..3 where vLLM allows them for the model."""
+    m = model.mtp_layers
+    if not m:
+        return (0,)
+    return (0, *(k for k in (1, 2, 3) if k <= m or k % m == 0))
+
+
+def suggest(trial: TrialLike, space: SearchSpace) -> Deployment:
+    """Draw one deployment through `trial` (its params are exactly `enumerate_params`' keys)."""
+    params: dict[str, Any] = {}
+
+    def cat(name: str, choices: tuple[Any, ...]) -> Any:
+        params[name] = trial.suggest_categorical(name, list(choices))
+        return params[name]
+
+    layout = cat("layout", space.layouts)
+    roles = ("prefill", "decode") if layout == "pd" else ("aggregated",)
+    for role in roles:
+        dep = cat(f"{role}_dep", space.deps)
+        low, high = space.instance_range(role, dep)
+        name = f"{role}_instances_dep{dep}"
+        params[name] = trial.suggest_int(name, low, high)
+        cat(f"{role}_redundant_dep{dep}", space.redundant[dep])
+        if role != "decode":
+            cat(f"{role}_max_num_batched_tokens", space.max_num_batched_tokens)
+        if role != "prefill":
+            cat(f"{role}_max_num_seqs", space.max_num_seqs)
+            cat(f"{role}_mtp_tokens", space.mtp_tokens)
+            cat(f"{role}_all2all", space.all2all)
+    return deployment_from_params(space, params)
+
+
+def deployment_from_params(space: SearchSpace, params: Mapping[str, Any]) -> Deployment:
+    """The deployment a point of the space stands for. Instance counts that would break the
+    GPU budget are cut to fit: prefill to leave room for one decode instance, decode to what
+    prefill leaves (so fewer sampled points waste a trial); only a prefill and a decode instance
+    that together exceed the budget stay over it, and `check` rejects them."""
+    roles: dict[str, RoleSpec] = {}
+    layout = params["layout"]
+    names = ("prefill", "decode") if layout == "pd" else ("aggregated",)
+    deps = {role: int(params[f"{role}_dep"]) for role in names}
+    for role in names:
+        dep = deps[role]
+        instances = int(params[f"{role}_instances_dep{dep}"])
+        if role == "prefill":  # leave room for one decode instance
+            instances = max(min(instances, (space.gpus - deps["decode"]) // dep), 1)
+        if role == "decode":  # at most what the budget leaves after prefill
+            room = space.gpus - roles["prefill"].gpus
+            instances = max(min(instances, room // dep), 1)
+        fields: dict[str, Any] = {
+            "instances": instances, "dep": dep,
+            "redundant_experts": int(params[f"{role}_redundant_dep{dep}"]),
+        }
+        if role != "decode":
+            fields["max_num_batched_tokens"] = int(params[f"{role}_max_num_batched_tokens"])
+        if role != "prefill":
+            fields["max_num_seqs"] = int(params[f"{role}_max_num_seqs"])
+            fields["all2all_backend"] = params[f"{role}_all2all"]
+            mtp = int(params[f"{role}_mtp_tokens"])
+            if mtp:
+                fields["speculative"] = Speculative(tokens=mtp, acceptance=space.mtp_acceptance)
+        roles[role] = RoleSpec(**fields)
+    precision = {} if space.precision == Precision() else {"precision": space.precision}
+    return Deployment(model=space.model, hardware=space.hardware, engine=space.engine,
+                      **precision, **roles)
+
+
+def enumerate_params(space: SearchSpace) -> Iterator[dict[str, Any]]:
+    """Every point of the space within the GPU budget (for exhaustive search on small spaces)."""
+    for layout in space.layouts:
+        roles = ("prefill", "decode") if layout == "pd" else ("aggregated",)
+        per_role = [list(_role_points(space, role)) for role in roles]
+        for combo in itertools.product(*per_role):
+            gpus = sum(p[f"{r}_dep"] * p[f"{r}_instances_dep{p[f'{r}_dep']}"]
+                       for r, p in zip(roles, combo, strict=True))
+            if gpus <= space.gpus:
+                yield {"layout": layout, **{k: v for p in combo for k, v in p.items()}}
+
+
+def _role_points(space: SearchSpace, role: str) -> Iterator[dict[str, Any]]:
+    for dep in space.deps:
+        low, high = space.instance_range(role, dep)
+        mnbt = space.max_num_batched_tokens if role != "decode" else (None,)
+        seqs = space.max_num_seqs if role != "prefill" else (None,)
+        mtp = space.mtp_tokens if role != "prefill" else (None,)
+        a2a = space.all2all if role != "prefill" else (None,)
+        for n, r, t, s, k, b in itertools.product(range(low, high + 1), space.redundant[dep],
+                                                   mnbt, seqs, mtp, a2a):
+            point: dict[str, Any] = {f"{role}_dep": dep, f"{role}_instances_dep{dep}": n,
+                                     f"{role}_redundant_dep{dep}": r}
+            if t is not None:
+                point[f"{role}_max_num_batched_tokens"] = t
+            if s is not None:
+                point[f"{role}_max_num_seqs"] = s
+                point[f"{role}_mtp_tokens"] = k
+                point[f"{role}_all2all"] = b
+            yield point
+
+
+def check(deployment: Deployment, space: SearchSpace,
+          calibration: Calibration | None = None, overhead_ms: float | None = None) -> Resolved:
+    """The resolved deployment, or SpecError saying why it cannot run: over the GPU budget,
+    a vLLM rule, memory, or topology."""
+    used = deployment.gpus_used
+    if used > space.gpus:
+        parts = ", ".join(f"{name} {r.instances} x {r.layout}"
+                          for name, r in deployment.roles.items())
+        raise SpecError(f"uses {used} GPUs ({parts}) but the budget is {space.gpus}")
+    return resolve(deployment, calibration, overhead_ms=overhead_ms)
+
+
+def deployment_key(deployment: Deployment) -> str:
+    """A stable text key of a deployment (equal deployments, equal keys)."""
+    return deployment.model_dump_json()

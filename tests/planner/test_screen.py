@@ -1,0 +1,79 @@
+"""The analytic screen and the multi-fidelity gate."""
+
+import pytest
+
+from planner.fidelity import Decision, Gate, Seen
+from planner.objectives import SLO
+from planner.screen import SATURATED_TTFT_MS, Screen, traffic
+from simulator.resolve import resolve
+from simulator.specs.deployment import Deployment, RoleSpec
+from simulator.specs.errors import SpecError
+from simulator.specs.workload import (
+    ClosedArrival,
+    FixedLength,
+    PoissonArrival,
+    Sessions,
+    TraceArrival,
+    Workload,
+)
+from tests.planner.fakes import metrics
+
+PD = Deployment(model="deepseek-r1", hardware="h200", prefill=RoleSpec(dep=8),
+                decode=RoleSpec(dep=8, max_num_seqs=64))
+AGG = Deployment(model="deepseek-r1", hardware="h200", aggregated=RoleSpec(dep=16))
+
+
+def test_session_traffic_means():
+    w = Workload(input_tokens=FixedLength(value=1000), output_tokens=FixedLength(value=100),
+                 sessions=Sessions(turns=3, think_time_s=3.0))
+    t = traffic(w)
+    assert t.prompt == pytest.approx((1000 + 2100 + 3200) / 3)
+    assert t.session_cached == pytest.approx((0 + 744 + 1844) / 3)
+    assert t.think_s == pytest.approx(2.0) and t.users == 2048
+    with pytest.raises(SpecError, match="trace"):
+        traffic(Workload(arrival=TraceArrival(path="x.jsonl")))
+
+
+@pytest.mark.parametrize("deployment", [PD, AGG], ids=["pd", "aggregated"])
+def test_estimates_are_shaped_like_simulate_and_react_to_load(deployment):
+    light = Workload(arrival=PoissonArrival(rate=1.0), input_tokens=FixedLength(value=2000),
+                     output_tokens=FixedLength(value=200))
+    heavy = light.model_copy(update={"arrival": PoissonArrival(rate=1000.0)})
+    res = resolve(deployment)
+    a, b = Screen(light)(res), Screen(heavy)(res)
+    for key in ("throughput_tok_s_gpu", "ttft_ms", "tpot_ms", "tok_s_user", "keeps_up"):
+        assert key in a
+    assert a["keeps_up"] and not b["keeps_up"]
+    assert b["ttft_ms"]["p90"] == SATURATED_TTFT_MS
+    assert a["tok_s_user"]["p50"] > 0 and a["throughput_tok_s_gpu"] > 0
+    closed = Screen(light.model_copy(update={"arrival": ClosedArrival(concurrency=64)}))(res)
+    assert closed["request_rate"] > 0 and closed["tpot_ms"]["p50"] >= a["tpot_ms"]["p50"]
+
+
+def seen(n, screen, sim=None, feasible=False, layout="pd"):
+    return Seen(n, layout, screen, sim, feasible)
+
+
+def test_gate_warms_up_then_corrects_and_compares():
+    gate = Gate((SLO("tok_s_user_p90", 50.0),), warmup=2, margin=0.2)
+    est = metrics(throughput=1000, user=60)
+    d = gate.decide("pd", est, [])
+    assert not d.simulate and "warming up" in d.reason
+    history = [seen(0, metrics(2000, 45)), seen(1, metrics(500, 45))]
+    assert gate.decide("pd", est, history) == Decision(
+        False, "screen: throughput ~1,000 tok/s/GPU < 80% of the best screened 2,000", 0)
+    assert gate.decide("pd", metrics(1900, 60), history).simulate
+    # simulation runs at half the screen's throughput and speed: corrections follow
+    pairs = [seen(i, metrics(1000 + i, 100 + i), metrics(500 + i, 50 + i), True)
+             for i in range(3)]
+    assert gate.correction("throughput_tok_s_gpu", "pd", pairs) == pytest.approx(0.5, 0.01)
+    d = gate.decide("pd", metrics(3000, 80), pairs)  # ~40 after correction
+    assert not d.simulate and "tok_s_user_p90 ~40" in d.reason
+
+
+def test_gate_skips_twins_of_simulated_points():
+    gate = Gate((), warmup=0)
+    history = [seen(7, metrics(1000, 60), metrics(900, 55), True)]
+    assert gate.decide("pd", metrics(1000, 60), history) == Decision(
+        False, "screen: same estimate as simulated trial 7")
+    assert gate.decide("aggregated", metrics(1000, 60), history).simulate

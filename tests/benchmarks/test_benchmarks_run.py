@@ -25,3 +25,8 @@ def test_simulate_speed_prints_wall_time_rate_and_memory():
 def test_calibration_load_prints_every_table():
     out = run("benchmarks/calibration_load.py", "h200")
     assert f"{len(OP_FILES)}/{len(OP_FILES)} tables" in out
+
+
+def test_search_quality_prints_both_optima_and_the_gap():
+    out = run("benchmarks/search_quality.py", "--tiny")
+    assert "exhaustive optimum:" in out and "search best:" in out and "gap to the optimum" in out

@@ -2,8 +2,6 @@
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,13 +13,10 @@ from simulator.specs.deployment import RoleSpec
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import HARDWARE, load_hardware
 from simulator.specs.model import load_model, preset_names
+from tests.planner.cli_run import assert_one_line_error, run_cli
 
 GPUS = [name for name in HARDWARE if name != "cpu"]
 
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
-                          text=True, timeout=120)
 
 
 def smallest_dep_that_fits(model_name: str, hw_name: str) -> int:
@@ -71,15 +66,6 @@ def test_step_prints_a_table_for_people():
     assert r.returncode == 0, r.stderr
     assert "step time" in r.stdout and "routed_experts" in r.stdout
 
-
-def assert_one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert r.returncode != 0
-    assert r.stdout == ""
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_bad_yaml(tmp_path):

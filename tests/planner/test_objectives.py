@@ -1,8 +1,5 @@
 """SLOs (parsing, files, checks), objectives and the Pareto front."""
 
-import subprocess
-import sys
-
 import pytest
 
 from planner.objectives import (
@@ -18,6 +15,7 @@ from planner.objectives import (
     violation,
 )
 from simulator.specs.errors import SpecError
+from tests.planner.cli_run import assert_one_line_error, run_cli
 from tests.planner.fakes import metrics
 
 
@@ -86,19 +84,6 @@ def test_pareto_front():
     assert pareto_front([]) == []
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
-                          text=True, timeout=120)
-
-
-def assert_one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert r.returncode == 2, r.stderr
-    assert r.stdout == ""
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_cli_malformed_slo_is_one_clear_line():

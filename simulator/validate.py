@@ -149,7 +149,10 @@ def case_from_row(row: pd.Series) -> Case:
     if conc < 1:
         raise SpecError("concurrency not recorded")
     model_ref = model_source(row.model_path)
-    model = load_model(model_ref)
+    try:
+        model = load_model(model_ref)
+    except SpecError as e:  # name the measured model, not the config file's location
+        raise SpecError(f"{row.model_path}: {str(e).removeprefix(model_ref + ': ')}") from None
     quant = [str(q) for q in (row.moe_quant_mode if model.is_moe else None,
                               row.gemm_quant_mode, row.precision) if isinstance(q, str)]
     weights = next((WEIGHTS[q] for q in quant if q in WEIGHTS), "bf16" if not quant else None)

@@ -1,0 +1,152 @@
+"""A deployment rendered as the exact `vllm serve` processes that run it.
+
+One process per host of each instance. A DEP-N instance spans ceil(N / GPUs per host) hosts: the
+first is the head (it serves the API and owns the data-parallel RPC port), the others run
+`--headless` with their slice of data-parallel ranks. P/D roles get NixlConnector with explicit
+producer (prefill) and consumer (decode) roles; the router (our P/D proxy) gets the URLs of both.
+Rendering is pure: no process is started and nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass, field
+
+from simulator.specs.deployment import Deployment, RoleSpec, check_against_model
+from simulator.specs.errors import SpecError
+from simulator.specs.hardware import HardwareSpec, load_hardware
+from simulator.specs.model import load_model
+
+GPUS_PER_HOST = {"gb200": 4, "gb300": 4, "cpu": 1}
+"""GPUs one host (compute tray) drives; 8 for HGX nodes."""
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+CUDA_GRAPHS = {"prefill": "NONE", "decode": "FULL_DECODE_ONLY", "aggregated": "FULL_AND_PIECEWISE"}
+"""Per-role CUDA-graph mode: prefill steps vary too much to capture; decode captures whole steps."""
+MTP_METHOD = "mtp"
+NIXL_BASE_PORT = 5600
+
+
+@dataclass(frozen=True)
+class Process:
+    """One `vllm serve` process on one host."""
+
+    instance: str
+    """e.g. decode-0."""
+    role: str
+    host: int
+    """Host index inside the instance (0 is the head)."""
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    port: int | None = None
+    """HTTP port of the head; None for headless hosts."""
+
+    def command_line(self) -> str:
+        """The process as one shell line (environment first, arguments quoted)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """Every process of a deployment and the router in front of them."""
+
+    processes: tuple[Process, ...]
+    router: dict[str, object]
+    """Proxy configuration: its port, and the prefill and decode (or aggregated) URLs."""
+
+
+def gpus_per_host(hardware: HardwareSpec) -> int:
+    return GPUS_PER_HOST.get(hardware.name, min(8, hardware.scaleup_domain))
+
+
+def _compact(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+def role_flags(deployment: Deployment, role_name: str, role: RoleSpec) -> list[str]:
+    """Flags every host of an instance of this role gets (before its per-host DP flags)."""
+    flags = ["--max-num-seqs", str(role.max_num_seqs),
+             "--max-num-batched-tokens", str(role.max_num_batched_tokens),
+             "--gpu-memory-utilization", str(role.gpu_memory_utilization),
+             "--kv-cache-dtype", "fp8" if deployment.precision.kv_cache == "fp8" else "auto"]
+    if role.tp is not None and role.tp > 1:
+        flags += ["--tensor-parallel-size", str(role.tp)]
+    if role.expert_parallel:
+        flags += ["--enable-expert-parallel", "--all2all-backend", role.backend(role_name)]
+    if role.redundant_experts:
+        flags += ["--enable-eplb", "--eplb-config",
+                  _compact({"num_redundant_experts": role.redundant_experts})]
+    if role.speculative is not None:
+        flags += ["--speculative-config", _compact(
+            {"method": MTP_METHOD, "num_speculative_tokens": role.speculative.tokens})]
+    if role_name in KV_ROLE:
+        flags += ["--kv-transfer-config", _compact(
+            {"kv_connector": "NixlConnector", "kv_role": KV_ROLE[role_name]})]
+    flags += ["--compilation-config", _compact({"cudagraph_mode": CUDA_GRAPHS[role_name]})]
+    return flags
+
+
+def render(deployment: Deployment, model_path: str | None = None, base_port: int = 8100,
+           rpc_base_port: int = 29550, hosts: list[str] | None = None) -> Rendered:
+    """The processes of `deployment`. `model_path` is what vllm serves (default: the model
+    field); `hosts` names the machines in placement order (default host0, host1, ...)."""
+    check_rules(deployment)
+    hw = load_hardware(deployment.hardware)
+    per_host = gpus_per_host(hw)
+    model = model_path or deployment.model
+    procs: list[Process] = []
+    next_host, port, rpc = 0, base_port, rpc_base_port
+    urls: dict[str, list[str]] = {}
+    for role_name, role in deployment.roles.items():
+        flags = role_flags(deployment, role_name, role)
+        n_hosts = math.ceil(role.ranks / per_host)
+        for i in range(role.instances):
+            name = f"{role_name}-{i}"
+            head = _host(hosts, next_host)
+            urls.setdefault(role_name, []).append(f"http://{head}:{port}")
+            for h in range(n_hosts):
+                local = min(per_host, role.ranks - h * per_host)
+                argv = ["vllm", "serve", model, *flags]
+                if role.dep is not None and role.dep > 1:
+                    argv += ["--data-parallel-size", str(role.dep),
+                             "--data-parallel-size-local", str(local),
+                             "--data-parallel-address", head,
+                             "--data-parallel-rpc-port", str(rpc)]
+                    if h:
+                        argv += ["--data-parallel-start-rank", str(h * per_host), "--headless"]
+                if h == 0:
+                    argv += ["--port", str(port)]
+                env = {}
+                if role_name in KV_ROLE:  # NIXL's side channel, one port per instance
+                    env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": _host(hosts, next_host + h),
+                           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(NIXL_BASE_PORT + port - base_port)}
+                procs.append(Process(name, role_name, h, tuple(argv), env,
+                                     port if h == 0 else None))
+            next_host += n_hosts
+            port += 1
+            rpc += 1
+    router: dict[str, object] = {"port": base_port - 1, **{
+        f"{r}_urls": u for r, u in urls.items()}}
+    return Rendered(tuple(procs), router)
+
+
+def _host(hosts: list[str] | None, index: int) -> str:
+    if hosts is None:
+        return f"host{index}"
+    if index >= len(hosts):
+        raise SpecError(f"the deployment needs more than the {len(hosts)} hosts given")
+    return hosts[index]
+
+
+def check_rules(deployment: Deployment) -> None:
+    """vLLM's own rules for the flags we render, as one clear SpecError each: the model's rules
+    (expert divisibility, MTP layers, TP and heads) and the flags' own."""
+    check_against_model(deployment, load_model(deployment.model))
+    for name, role in deployment.roles.items():
+        if role.redundant_experts and not role.expert_parallel:
+            raise SpecError(f"{name}: --enable-eplb needs --enable-expert-parallel; give dep")
+        if role.all2all_backend is not None and not role.expert_parallel:
+            raise SpecError(f"{name}: all2all_backend={role.all2all_backend!r} needs expert "
+                            "parallelism; give dep or enable_expert_parallel")

@@ -1,0 +1,79 @@
+"""executor/render: a deployment as the exact `vllm serve` processes (golden files, rules)."""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from executor.render import render
+from simulator.specs.deployment import Deployment, RoleSpec, Speculative
+from simulator.specs.errors import SpecError
+from simulator.specs.loading import load_deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def flag(argv: tuple[str, ...], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_deepseek_pd_wide_ep_plan_matches_its_golden_file():
+    r = render(load_deployment(ROOT / "examples" / "deepseek-v3-h200-pd.yaml"),
+               model_path="/models/DeepSeek-V3")
+    got = "\n".join(p.command_line() for p in r.processes) + "\n"
+    assert got == (GOLDEN / "deepseek-v3-h200-pd.txt").read_text()
+
+
+def test_dep_instance_spans_hosts_with_every_rank_once():
+    r = render(load_deployment(ROOT / "examples" / "deepseek-v3-h200-pd.yaml"))
+    decode = [p for p in r.processes if p.instance == "decode-0"]
+    assert len(decode) == 5  # DEP40 on 8-GPU hosts
+    ranks = []
+    for p in decode:
+        start = int(flag(p.argv, "--data-parallel-start-rank") or 0)
+        local = int(flag(p.argv, "--data-parallel-size-local") or 0)
+        ranks += range(start, start + local)
+        assert flag(p.argv, "--data-parallel-address") == "host4"
+        assert ("--headless" in p.argv) == (p.host > 0) and (p.port is None) == (p.host > 0)
+    assert sorted(ranks) == list(range(40))
+
+
+def test_pd_roles_are_nixl_producer_and_consumer_and_the_router_knows_both():
+    r = render(load_deployment(ROOT / "examples" / "deepseek-v3-h200-pd.yaml"))
+    roles = {p.role: json.loads(flag(p.argv, "--kv-transfer-config") or "{}")["kv_role"]
+             for p in r.processes}
+    assert roles == {"prefill": "kv_producer", "decode": "kv_consumer"}
+    assert len(r.router["prefill_urls"]) == 4 and len(r.router["decode_urls"]) == 1
+
+
+def test_eplb_and_mtp_flags():
+    d = Deployment(model="deepseek-v3", hardware="gb300",
+                   aggregated=RoleSpec(dep=32, redundant_experts=32,
+                                       speculative=Speculative(tokens=2)))
+    (head, *rest) = render(d).processes
+    assert len(rest) == 7  # 4-GPU compute trays
+    assert json.loads(flag(head.argv, "--eplb-config") or "") == {"num_redundant_experts": 32}
+    assert json.loads(flag(head.argv, "--speculative-config") or "") == {
+        "method": "mtp", "num_speculative_tokens": 2}
+    assert flag(head.argv, "--all2all-backend") == "allgather_reducescatter"
+    assert "--kv-transfer-config" not in head.argv
+    assert shlex.split(head.command_line())[:3] == ["vllm", "serve", "deepseek-v3"]
+
+
+def test_tp_layout_has_no_data_parallel_flags():
+    d = Deployment(model="qwen3-235b-a22b", hardware="h200", aggregated=RoleSpec(tp=4))
+    (p,) = render(d).processes
+    assert flag(p.argv, "--tensor-parallel-size") == "4"
+    assert "--data-parallel-size" not in p.argv and "--enable-expert-parallel" not in p.argv
+
+
+@pytest.mark.parametrize(("role", "needle"), [
+    (RoleSpec(dep=10, redundant_experts=32), "dep=10 must divide"),
+    (RoleSpec(tp=8, all2all_backend="deepep_low_latency"), "needs expert parallelism"),
+])
+def test_rules_refuse_with_the_value(role, needle):
+    d = Deployment(model="deepseek-v3", hardware="h200", aggregated=role)
+    with pytest.raises(SpecError, match=needle):
+        render(d)

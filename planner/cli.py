@@ -113,19 +113,15 @@ def cmd_step(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from planner.evaluate import sim_options
     from planner.plan import load_plan_or_deployment
-    from simulator.calibration.serving import ServingOverhead, serving_overhead
     from simulator.des import SimOptions, simulate
     from simulator.specs.loading import load_workload
     from simulator.specs.workload import Workload
 
     deployment, planned = load_plan_or_deployment(args.deployment)
     workload = load_workload(Path(args.workload)) if args.workload else planned or Workload()
-    overhead = ServingOverhead() if args.engine_only else serving_overhead(
-        deployment.engine, deployment.disaggregated)
-    options = SimOptions(api_overhead_ms=overhead.api_overhead_ms,
-                         step_overhead_ms=overhead.step_overhead_ms,
-                         handoff_ms=overhead.handoff_ms)
+    options = SimOptions() if args.engine_only else sim_options(deployment)
     with _progress("simulating", total=1.0) as advance:
         result = simulate(deployment, workload, progress=advance, options=options)
     metrics = result.metrics()

@@ -21,16 +21,11 @@ from simulator.specs.workload import Workload
 Evaluate = Callable[[Deployment], dict[str, Any]]
 """A function from a deployment to metrics shaped like `simulate --json` (STYLE rule 7)."""
 
-_CALIBRATIONS: dict[tuple[str, str, str | None], Calibration] = {}
-
-
 def calibration_for(deployment: Deployment) -> Calibration:
-    """The kernel tables of a deployment's hardware and engine, loaded once per process."""
-    key = (deployment.hardware, deployment.engine, deployment.engine_version)
-    if key not in _CALIBRATIONS:
-        _CALIBRATIONS[key] = load_calibration(load_hardware(deployment.hardware),
-                                              deployment.engine, deployment.engine_version)
-    return _CALIBRATIONS[key]
+    """The kernel tables of a deployment's hardware and engine (load_calibration keeps one per
+    process)."""
+    return load_calibration(load_hardware(deployment.hardware), deployment.engine,
+                            deployment.engine_version)
 
 
 def overhead_for(deployment: Deployment) -> ServingOverhead:
@@ -40,9 +35,7 @@ def overhead_for(deployment: Deployment) -> ServingOverhead:
 
 def sim_options(deployment: Deployment) -> SimOptions:
     """The simulation options `rackplan simulate` uses for this deployment."""
-    o = overhead_for(deployment)
-    return SimOptions(api_overhead_ms=o.api_overhead_ms, step_overhead_ms=o.step_overhead_ms,
-                      handoff_ms=o.handoff_ms)
+    return SimOptions.serving(overhead_for(deployment))
 
 
 class Simulator:

@@ -193,10 +193,7 @@ def simulate_with(deployment: Deployment, workload: Workload,
                   overhead: ServingOverhead) -> dict[str, Any]:
     from simulator.des import SimOptions, simulate
 
-    options = SimOptions(api_overhead_ms=overhead.api_overhead_ms,
-                         step_overhead_ms=overhead.step_overhead_ms,
-                         handoff_ms=overhead.handoff_ms)
-    return simulate(deployment, workload, options=options).metrics()
+    return simulate(deployment, workload, options=SimOptions.serving(overhead)).metrics()
 
 
 def _mape(pred: pd.Series, meas: pd.Series) -> float | None:

@@ -18,6 +18,7 @@ import numpy as np
 import simpy
 
 from simulator.calibration import Calibration
+from simulator.calibration.serving import ServingOverhead
 from simulator.cost import instance_from_role
 from simulator.des.arrivals import Traffic
 from simulator.des.engines import (
@@ -67,6 +68,12 @@ class SimOptions:
     handoff_ms: float = 0.0
     """P/D: fixed latency of a prefill-to-decode handoff besides moving the KV bytes (proxy
     hop, transfer setup, the decode side picking the request up)."""
+
+    @classmethod
+    def serving(cls, overhead: ServingOverhead) -> SimOptions:
+        """Options that apply a serving stack's fixed latencies."""
+        return cls(api_overhead_ms=overhead.api_overhead_ms,
+                   step_overhead_ms=overhead.step_overhead_ms, handoff_ms=overhead.handoff_ms)
 
 
 def simulate(deployment: Deployment, workload: Workload, *,

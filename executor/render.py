@@ -16,11 +16,9 @@ from dataclasses import dataclass, field
 
 from simulator.specs.deployment import Deployment, RoleSpec, check_against_model
 from simulator.specs.errors import SpecError
-from simulator.specs.hardware import HardwareSpec, load_hardware
+from simulator.specs.hardware import load_hardware
 from simulator.specs.model import load_model
 
-GPUS_PER_HOST = {"gb200": 4, "gb300": 4, "cpu": 1}
-"""GPUs one host (compute tray) drives; 8 for HGX nodes."""
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 CUDA_GRAPHS = {"prefill": "NONE", "decode": "FULL_DECODE_ONLY", "aggregated": "FULL_AND_PIECEWISE"}
 """Per-role CUDA-graph mode: prefill steps vary too much to capture; decode captures whole steps."""
@@ -57,10 +55,6 @@ class Rendered:
     """Proxy configuration: its port, and the prefill and decode (or aggregated) URLs."""
 
 
-def gpus_per_host(hardware: HardwareSpec) -> int:
-    return GPUS_PER_HOST.get(hardware.name, min(8, hardware.scaleup_domain))
-
-
 def _compact(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
 
@@ -94,7 +88,7 @@ def render(deployment: Deployment, model_path: str | None = None, base_port: int
     field); `hosts` names the machines in placement order (default host0, host1, ...)."""
     check_rules(deployment)
     hw = load_hardware(deployment.hardware)
-    per_host = gpus_per_host(hw)
+    per_host = hw.gpus_per_host
     model = model_path or deployment.model
     procs: list[Process] = []
     next_host, port, rpc = 0, base_port, rpc_base_port

@@ -30,6 +30,9 @@ class HardwareSpec(BaseModel):
     """Device memory bandwidth in TB/s."""
     scaleup_domain: int = Field(ge=1)
     """GPUs in one scale-up (NVLink) domain: 8 for an HGX node, 72 for an NVL72 rack."""
+    gpus_per_host: int = Field(8, ge=1)
+    """GPUs one host drives (one vllm process per host): 8 on HGX nodes, 4 on a GB200/GB300
+    compute tray."""
     scaleup_gb_s: float = Field(gt=0)
     """Scale-up bandwidth per GPU, one direction, GB/s."""
     nic_gb_s: float = Field(gt=0)
@@ -73,16 +76,19 @@ HARDWARE: dict[str, HardwareSpec] = {
                      nic_gb_s=100, usd_per_gpu_hour=6.0),
         HardwareSpec(name="gb200", system="gb200",
                      peak_tflops={"bf16": 2500, "fp8": 5000, "fp4": 10000},
-                     hbm_gb=198.7, hbm_tb_s=8.0, scaleup_domain=72, scaleup_gb_s=900,
+                     hbm_gb=198.7, hbm_tb_s=8.0, scaleup_domain=72, gpus_per_host=4,
+                     scaleup_gb_s=900,
                      nic_gb_s=100, usd_per_gpu_hour=6.0),
         HardwareSpec(name="gb300", system="gb300",
                      peak_tflops={"bf16": 2500, "fp8": 5000, "fp4": 15000},
-                     hbm_gb=298.0, hbm_tb_s=8.0, scaleup_domain=72, scaleup_gb_s=900,
+                     hbm_gb=298.0, hbm_tb_s=8.0, scaleup_domain=72, gpus_per_host=4,
+                     scaleup_gb_s=900,
                      nic_gb_s=100, usd_per_gpu_hour=7.0),
         # This project's CPU machine kind (2 cores with AMX): a rough placeholder until
         # `rackplan calibrate --device cpu` measures it.
         HardwareSpec(name="cpu", system=None, peak_tflops={"bf16": 1.0},
-                     hbm_gb=24.0, hbm_tb_s=0.02, scaleup_domain=1, scaleup_gb_s=10,
+                     hbm_gb=24.0, hbm_tb_s=0.02, scaleup_domain=1, gpus_per_host=1,
+                     scaleup_gb_s=10,
                      nic_gb_s=1.25, usd_per_gpu_hour=0.1),
     ]
 }

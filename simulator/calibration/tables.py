@@ -110,15 +110,18 @@ class Calibration:
 
     # ---- table discovery ---------------------------------------------------------------------
 
-    def _locate(self, op: str) -> tuple[Path, str] | None:
+    def _locate(self, op: str, engines: tuple[str, ...] | None = None,
+                user: bool = True) -> tuple[Path, str] | None:
         folder, fname = OP_FILES[op]
         roots: list[tuple[Path, str]] = []
-        if self.user_dir is not None:
+        if self.user_dir is not None and user:
             roots.append((self.user_dir / folder, "user"))
         if self.hardware.system:
             roots.append((aic_system_dir(self.hardware.system) / folder, self.hardware.system))
+        if engines is None:
+            engines = OP_ENGINES.get(op, tuple(dict.fromkeys((self.engine, "vllm"))))
         for root, label in roots:
-            for engine in OP_ENGINES.get(op, dict.fromkeys((self.engine, "vllm"))):
+            for engine in engines:
                 base = root / engine
                 if not base.is_dir():
                     continue
@@ -137,6 +140,24 @@ class Calibration:
             self._frames[op] = None if found is None else (pd.read_parquet(found[0]), found[1])
         return self._frames[op]
 
+    def _other_frames(self, op: str) -> list[tuple[pd.DataFrame, str]]:
+        """The same op measured on the same system by the other engines, for shapes or dtypes
+        the engine's own table lacks."""
+        if op in OP_ENGINES:
+            return []
+        own = self.frame(op)
+        out = []
+        for engine in ENGINES:
+            key = f"{op}@{engine}"
+            if key not in self._frames:
+                found = self._locate(op, (engine,), user=False)
+                self._frames[key] = (None if found is None
+                                     else (pd.read_parquet(found[0]), found[1]))
+            got = self._frames[key]
+            if got is not None and (own is None or got[1] != own[1]):
+                out.append(got)
+        return out
+
     def load_all(self) -> Calibration:
         """Read every table now (otherwise each is read on first use)."""
         for op in OP_FILES:
@@ -147,18 +168,31 @@ class Calibration:
               select: Callable[[pd.DataFrame], tuple[pd.DataFrame, int]],
               axes: list[str],
               roof: Callable[[pd.DataFrame], np.ndarray]) -> tuple[Grid, int, str] | None:
-        """A cached Grid for the rows `select` keeps; the int is the provenance floor."""
+        """A cached Grid for the rows `select` keeps; the int is the provenance floor.
+
+        When the engine's own table lacks the shape or dtype (rows only by transfer from another
+        shape or dtype), another engine's measurement of the same kernel on the same system is
+        preferred to the transfer."""
         if key not in self._grids:
-            got = self.frame(op)
-            built: tuple[Grid, int, str] | None = None
-            if got is not None:
+
+            def build(got: tuple[pd.DataFrame, str] | None) -> tuple[Grid, int, str] | None:
+                if got is None:
+                    return None
                 df, label = got
                 rows, floor = select(df)
+                if not len(rows):
+                    return None
                 rows = rows.assign(latency=rows["latency"] * LATENCY_UNIT_MS.get(op, 1.0))
-                if len(rows):
-                    pts = rows[axes].to_numpy(dtype=float)
-                    built = (Grid.build(pts, rows["latency"].to_numpy(float), roof(rows)),
-                             floor, label)
+                pts = rows[axes].to_numpy(dtype=float)
+                return Grid.build(pts, rows["latency"].to_numpy(float), roof(rows)), floor, label
+
+            built = build(self.frame(op))
+            if built is None or built[1] >= EXTRAPOLATED:
+                for other in self._other_frames(op):
+                    alt = build(other)
+                    if alt is not None and alt[1] < EXTRAPOLATED:
+                        built = alt
+                        break
             self._grids[key] = built
         return self._grids[key]
 

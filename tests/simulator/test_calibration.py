@@ -118,3 +118,19 @@ def test_every_operation_prices_on_every_system_and_engine(hw, engine):
     for p in prices:
         assert np.all(np.isfinite(p.ms)) and np.all(p.ms > 0), p
         assert p.source in ("measured", "interpolated", "extrapolated", "roofline")
+
+
+def test_a_shape_the_engine_never_measured_is_priced_from_another_engines_measurement():
+    # TensorRT-LLM's H200 MoE table has no gpt-oss (MXFP4, 128 experts, top-4) rows; vLLM's
+    # table on the same system measured that kernel, which beats a transfer from another shape.
+    trt = load_calibration(load_hardware("h200"), "trtllm")
+    df, label = trt.frame("moe")
+    assert "/trtllm/" in label
+    assert not ((df.hidden_size == 2880) & (df.num_experts == 128)).any()
+    p = trt.moe(256, 2880, 2880, 4, 128, 1, "fp4")
+    assert "/vllm/" in p.table and p.source in ("measured", "interpolated")
+    vllm = load_calibration(load_hardware("h200"), "vllm").moe(256, 2880, 2880, 4, 128, 1, "fp4")
+    assert p.ms == pytest.approx(vllm.ms)
+    # A shape the engine did measure keeps its own table.
+    own = trt.moe(256, 2048, 5120, 22, 512, 8, "fp8")
+    assert "/trtllm/" in own.table and own.source in ("measured", "interpolated")

@@ -30,3 +30,9 @@ def test_calibration_load_prints_every_table():
 def test_search_quality_prints_both_optima_and_the_gap():
     out = run("benchmarks/search_quality.py", "--tiny")
     assert "exhaustive optimum:" in out and "search best:" in out and "gap to the optimum" in out
+
+
+def test_silicon_repeatability_prints_the_noise_floor():
+    out = run("benchmarks/silicon_repeatability.py")
+    assert "configurations with more than one distinct measurement:" in out
+    assert "TTFT between repeats: MAPE" in out and "TPOT between repeats: MAPE" in out

@@ -4,6 +4,12 @@ One process per host of each instance. A DEP-N instance spans ceil(N / GPUs per 
 first is the head (it serves the API and owns the data-parallel RPC port), the others run
 `--headless` with their slice of data-parallel ranks. P/D roles get NixlConnector with explicit
 producer (prefill) and consumer (decode) roles; the router (our P/D proxy) gets the URLs of both.
+
+On the `cpu` hardware (vLLM's CPU build serving the tiny-moe preset) the same layout renders
+with what that build can run: ExampleConnector (KV handed over through a shared folder) with
+the same producer/consumer roles, `--enforce-eager` instead of a CUDA-graph compilation config,
+an explicit `--max-model-len`, a fixed KV-cache size and block size instead of a memory share,
+and no NIXL environment.
 Rendering is pure: no process is started and nothing is written.
 """
 
@@ -24,6 +30,19 @@ CUDA_GRAPHS = {"prefill": "NONE", "decode": "FULL_DECODE_ONLY", "aggregated": "F
 """Per-role CUDA-graph mode: prefill steps vary too much to capture; decode captures whole steps."""
 MTP_METHOD = "mtp"
 NIXL_BASE_PORT = 5600
+CPU_HARDWARE = "cpu"
+"""Hardware preset whose deployments run on vLLM's CPU build."""
+CPU_MAX_MODEL_LEN = 2048
+"""--max-model-len on CPU (the tiny-moe preset's context); the GPU engine takes the model's own."""
+CPU_KV_CACHE_BYTES = 512 * 2**20
+"""KV-cache size per CPU instance (--kv-cache-memory-bytes). On CPU --gpu-memory-utilization
+is a share of the whole machine's memory, which two instances on one machine cannot both take."""
+CPU_BLOCK_SIZE = 32
+"""KV block size on CPU. ExampleConnector hands over whole blocks only: the CPU default of 128
+would hand over nothing for prompts shorter than 130 tokens."""
+CPU_KV_DIR = "kv"
+"""ExampleConnector's shared folder on CPU; relative, so it lies in the processes' working
+directory (the local backend runs them in the run directory)."""
 
 
 @dataclass(frozen=True)
@@ -59,11 +78,16 @@ def _compact(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
 
 
-def role_flags(deployment: Deployment, role_name: str, role: RoleSpec) -> list[str]:
-    """Flags every host of an instance of this role gets (before its per-host DP flags)."""
+def role_flags(deployment: Deployment, role_name: str, role: RoleSpec,
+               kv_dir: str = CPU_KV_DIR, max_model_len: int = CPU_MAX_MODEL_LEN) -> list[str]:
+    """Flags every host of an instance of this role gets (before its per-host DP flags).
+    `kv_dir` and `max_model_len` only matter on the cpu hardware."""
+    cpu = deployment.hardware.lower() == CPU_HARDWARE
+    memory = (["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), "--block-size",
+               str(CPU_BLOCK_SIZE)] if cpu else
+              ["--gpu-memory-utilization", str(role.gpu_memory_utilization)])
     flags = ["--max-num-seqs", str(role.max_num_seqs),
-             "--max-num-batched-tokens", str(role.max_num_batched_tokens),
-             "--gpu-memory-utilization", str(role.gpu_memory_utilization),
+             "--max-num-batched-tokens", str(role.max_num_batched_tokens), *memory,
              "--kv-cache-dtype", "fp8" if deployment.precision.kv_cache == "fp8" else "auto"]
     if role.tp is not None and role.tp > 1:
         flags += ["--tensor-parallel-size", str(role.tp)]
@@ -76,25 +100,38 @@ def role_flags(deployment: Deployment, role_name: str, role: RoleSpec) -> list[s
         flags += ["--speculative-config", _compact(
             {"method": MTP_METHOD, "num_speculative_tokens": role.speculative.tokens})]
     if role_name in KV_ROLE:
-        flags += ["--kv-transfer-config", _compact(
-            {"kv_connector": "NixlConnector", "kv_role": KV_ROLE[role_name]})]
-    flags += ["--compilation-config", _compact({"cudagraph_mode": CUDA_GRAPHS[role_name]})]
+        connector: dict[str, object] = {"kv_connector": "NixlConnector",
+                                        "kv_role": KV_ROLE[role_name]}
+        if cpu:
+            connector = {"kv_connector": "ExampleConnector", "kv_role": KV_ROLE[role_name],
+                         "kv_connector_extra_config": {"shared_storage_path": kv_dir}}
+        flags += ["--kv-transfer-config", _compact(connector)]
+    if cpu:
+        flags += ["--enforce-eager", "--max-model-len", str(max_model_len)]
+    else:
+        flags += ["--compilation-config", _compact({"cudagraph_mode": CUDA_GRAPHS[role_name]})]
     return flags
 
 
 def render(deployment: Deployment, model_path: str | None = None, base_port: int = 8100,
-           rpc_base_port: int = 29550, hosts: list[str] | None = None) -> Rendered:
+           rpc_base_port: int = 29550, hosts: list[str] | None = None,
+           kv_dir: str = CPU_KV_DIR, max_model_len: int = CPU_MAX_MODEL_LEN) -> Rendered:
     """The processes of `deployment`. `model_path` is what vllm serves (default: the model
-    field); `hosts` names the machines in placement order (default host0, host1, ...)."""
+    field); `hosts` names the machines in placement order (default host0, host1, ...).
+    On the cpu hardware, `kv_dir` is ExampleConnector's shared folder and `max_model_len` the
+    engine's context limit."""
     check_rules(deployment)
+    if max_model_len < 1:
+        raise SpecError(f"max_model_len={max_model_len} must be >= 1")
     hw = load_hardware(deployment.hardware)
+    cpu = hw.name == CPU_HARDWARE
     per_host = hw.gpus_per_host
     model = model_path or deployment.model
     procs: list[Process] = []
     next_host, port, rpc = 0, base_port, rpc_base_port
     urls: dict[str, list[str]] = {}
     for role_name, role in deployment.roles.items():
-        flags = role_flags(deployment, role_name, role)
+        flags = role_flags(deployment, role_name, role, kv_dir, max_model_len)
         n_hosts = math.ceil(role.ranks / per_host)
         for i in range(role.instances):
             name = f"{role_name}-{i}"
@@ -113,7 +150,7 @@ def render(deployment: Deployment, model_path: str | None = None, base_port: int
                 if h == 0:
                     argv += ["--port", str(port)]
                 env = {}
-                if role_name in KV_ROLE:  # NIXL's side channel, one port per instance
+                if role_name in KV_ROLE and not cpu:  # NIXL's side channel, one per instance
                     env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": _host(hosts, next_host + h),
                            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(NIXL_BASE_PORT + port - base_port)}
                 procs.append(Process(name, role_name, h, tuple(argv), env,

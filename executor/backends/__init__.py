@@ -1,0 +1,29 @@
+"""Launch targets for a rendered deployment, one table of choices."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from executor.backends.base import Backend, LaunchError
+from executor.render import Rendered
+from simulator.specs.errors import SpecError
+
+BACKENDS: dict[str, str] = {
+    "local": "executor.backends.local:LocalBackend",
+    "kubernetes": "executor.backends.kubernetes:KubernetesBackend",
+    "slurm": "executor.backends.slurm:SlurmBackend",
+}
+"""`--target` name -> the class that implements it (imported when chosen)."""
+
+
+def get_backend(target: str, rendered: Rendered, run_dir: Path) -> Backend:
+    """The backend for `target`, bound to a rendered deployment and its run directory."""
+    if target not in BACKENDS:
+        raise SpecError(f"unknown target {target!r}; valid targets: {', '.join(BACKENDS)}")
+    module, _, cls = BACKENDS[target].partition(":")
+    backend: type[Backend] = getattr(importlib.import_module(module), cls)
+    return backend(rendered, run_dir)
+
+
+__all__ = ["BACKENDS", "Backend", "LaunchError", "get_backend"]

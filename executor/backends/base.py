@@ -1,0 +1,49 @@
+"""The one interface every launch target implements.
+
+A backend takes a `Rendered` deployment (the processes and the router) and a run directory.
+`render` writes the target's files (command lines, manifests, batch scripts) and starts nothing:
+it is all that `--dry-run` does. `launch` starts the deployment; `wait_ready` returns once every
+instance answers a real request; `teardown` stops everything it started and is safe to call
+twice, after a failed launch, or from a signal handler.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+from executor.render import Rendered
+
+
+class LaunchError(RuntimeError):
+    """A launch or readiness failure, phrased for people: which instance failed and why (for a
+    local process, with the tail of its log)."""
+
+
+class Backend(ABC):
+    """Where a rendered deployment runs."""
+
+    name: ClassVar[str]
+    """The `--target` value that selects this backend."""
+
+    def __init__(self, rendered: Rendered, run_dir: Path) -> None:
+        self.rendered = rendered
+        self.run_dir = Path(run_dir)
+
+    @abstractmethod
+    def render(self) -> list[Path]:
+        """Write the target's files under run_dir and return their paths; start nothing."""
+
+    @abstractmethod
+    def launch(self) -> None:
+        """Start every process of the deployment and the router."""
+
+    @abstractmethod
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until every instance has answered a completion; raise LaunchError naming the
+        instance that did not, within `timeout_s` seconds."""
+
+    @abstractmethod
+    def teardown(self) -> None:
+        """Stop everything launch started; idempotent."""

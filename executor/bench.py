@@ -1,0 +1,341 @@
+"""Measure a running deployment with `vllm bench serve` and compare with the plan's prediction.
+
+The plan's workload becomes vLLM's random dataset: input and output lengths (fixed exactly,
+uniform as a centre and a range ratio, log-normal at its mean), the number of prompts, and the
+arrival (closed loop: --max-concurrency; poisson and bursty: --request-rate and --burstiness);
+a prefix hit rate becomes a shared random prefix. What could not be mapped exactly is listed in
+the report's notes. The benchmark's JSON (--save-result) is read back and set beside the
+predicted TTFT, TPOT and ITL percentiles and the output and total throughputs, each with its
+relative error (measured - predicted) / predicted. report.json and report.md go into the run
+directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from executor.backends.base import LaunchError
+from executor.backends.local import default_vllm, log_tail, write_atomic
+from simulator.specs.errors import SpecError
+from simulator.specs.workload import (
+    BurstyArrival,
+    ClosedArrival,
+    FixedLength,
+    Length,
+    LognormalLength,
+    PoissonArrival,
+    UniformLength,
+    Workload,
+)
+
+PERCENTILES = (50, 90, 99)
+LATENCIES = ("ttft", "tpot", "itl")
+RESULT_FILE = "bench.json"
+
+
+class BenchError(LaunchError):
+    """`vllm bench serve` failed or wrote no usable result; the message quotes its log. A kind
+    of LaunchError: the deployment could not be measured, and callers report both alike."""
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """The workload as `vllm bench serve` arguments (random dataset)."""
+
+    input_len: int
+    """--random-input-len: centre of the input lengths (after any shared prefix)."""
+    output_len: int
+    """--random-output-len: centre of the output lengths."""
+    input_range: float = 0.0
+    """Input lengths spread over input_len x (1 +- input_range)."""
+    output_range: float = 0.0
+    """Output lengths spread over output_len x (1 +- output_range)."""
+    prefix_len: int = 0
+    """--random-prefix-len: tokens every prompt shares (the prefix-cache hits)."""
+    num_prompts: int = 1
+    """--num-prompts."""
+    max_concurrency: int | None = None
+    """--max-concurrency (closed loop)."""
+    request_rate: float | None = None
+    """--request-rate (open loop); None sends all at once, bounded by max_concurrency."""
+    burstiness: float = 1.0
+    """--burstiness: the gamma shape of the gaps (1 is Poisson)."""
+    seed: int = 0
+    notes: tuple[str, ...] = ()
+    """Where the mapping from the plan's workload is not exact."""
+
+    def args(self) -> list[str]:
+        """The dataset and traffic arguments."""
+        out = ["--dataset-name", "random", "--random-input-len", str(self.input_len),
+               "--random-output-len", str(self.output_len),
+               "--random-range-ratio", json.dumps(
+                   {"input": self.input_range, "output": self.output_range},
+                   separators=(",", ":")),
+               "--random-prefix-len", str(self.prefix_len),
+               "--num-prompts", str(self.num_prompts), "--seed", str(self.seed),
+               "--request-rate", "inf" if self.request_rate is None else f"{self.request_rate:g}",
+               "--burstiness", f"{self.burstiness:g}"]
+        if self.max_concurrency is not None:
+            out += ["--max-concurrency", str(self.max_concurrency)]
+        return out
+
+
+def _length(name: str, spec: Length, notes: list[str]) -> tuple[int, float]:
+    """(centre, range ratio) of a length distribution in vLLM's random dataset."""
+    if isinstance(spec, FixedLength):
+        return spec.value, 0.0
+    if isinstance(spec, UniformLength):
+        centre = (spec.low + spec.high) / 2
+        if centre != int(centre):
+            notes.append(f"{name}: uniform {spec.low}..{spec.high} centred on {round(centre)}")
+        return round(centre), (spec.high - spec.low) / (spec.high + spec.low)
+    if isinstance(spec, LognormalLength):
+        mean = max(1, round(spec.mean))
+        notes.append(f"{name}: lognormal (median {spec.median:g}, sigma {spec.sigma:g}) sent "
+                     f"as fixed {mean}, its mean")
+        return mean, 0.0
+    raise SpecError(f"{name} of kind {spec.kind!r} has no random-dataset equivalent")
+
+
+def bench_settings(workload: Workload, num_prompts: int | None = None) -> BenchSettings:
+    """The `vllm bench serve` settings closest to `workload`; SpecError for what cannot run."""
+    if workload.mode != "serve":
+        raise SpecError(f"workload mode={workload.mode!r} cannot be measured by vllm bench "
+                        "serve; use mode 'serve'")
+    if num_prompts is not None and num_prompts < 1:
+        raise SpecError(f"num_prompts={num_prompts} must be >= 1")
+    notes: list[str] = []
+    input_len, input_range = _length("input_tokens", workload.input_tokens, notes)
+    output_len, output_range = _length("output_tokens", workload.output_tokens, notes)
+    prefix = min(input_len - 1, round(workload.prefix_hit_rate * input_len))
+    if prefix:
+        notes.append(f"prefix_hit_rate {workload.prefix_hit_rate:g}: {prefix} shared prefix "
+                     "tokens per prompt")
+    if workload.sessions is not None:
+        notes.append(f"sessions of {workload.sessions.turns} turns sent as independent requests")
+    n = workload.requests if num_prompts is None else num_prompts
+    if n != workload.requests:
+        notes.append(f"{n} prompts instead of the plan's {workload.requests}")
+    arrival = workload.arrival
+    concurrency, rate, burstiness = None, None, 1.0
+    if isinstance(arrival, ClosedArrival):
+        concurrency = arrival.concurrency
+    elif isinstance(arrival, PoissonArrival):
+        rate = arrival.rate
+    elif isinstance(arrival, BurstyArrival):
+        rate, burstiness = arrival.rate, 1.0 / arrival.burstiness
+    else:
+        raise SpecError(f"workload arrival kind {arrival.kind!r} has no vllm bench serve "
+                        "equivalent; use closed, poisson or bursty")
+    return BenchSettings(input_len=input_len - prefix, output_len=output_len,
+                         input_range=input_range, output_range=output_range, prefix_len=prefix,
+                         num_prompts=n, max_concurrency=concurrency, request_rate=rate,
+                         burstiness=burstiness, seed=workload.seed, notes=tuple(notes))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric, predicted and measured."""
+
+    metric: str
+    """e.g. ttft_ms.p90 or output_throughput_tok_s."""
+    predicted: float | None
+    measured: float | None
+
+    @property
+    def rel_error(self) -> float | None:
+        """(measured - predicted) / predicted; None when either is missing or predicted is 0."""
+        if self.predicted is None or self.measured is None or self.predicted == 0:
+            return None
+        return (self.measured - self.predicted) / self.predicted
+
+
+@dataclass(frozen=True)
+class Report:
+    """A benchmark run set beside the plan's prediction."""
+
+    plan: str
+    url: str
+    gpus: int
+    settings: BenchSettings
+    command: tuple[str, ...]
+    rows: tuple[Comparison, ...]
+    measured: dict[str, Any] = field(default_factory=dict)
+    """The benchmark's own summary figures (counts, duration, means)."""
+    paths: tuple[Path, ...] = ()
+    """Files written: report.json and report.md."""
+
+    def row(self, metric: str) -> Comparison:
+        """The comparison of one metric; KeyError naming it when absent."""
+        for r in self.rows:
+            if r.metric == metric:
+                return r
+        raise KeyError(f"no metric {metric!r} in the report")
+
+    def to_dict(self) -> dict[str, Any]:
+        """report.json."""
+        return {
+            "plan": self.plan, "url": self.url, "gpus": self.gpus,
+            "settings": {k: v for k, v in self.settings.__dict__.items() if k != "notes"},
+            "notes": list(self.settings.notes), "command": list(self.command),
+            "comparison": [{"metric": r.metric, "predicted": r.predicted,
+                            "measured": r.measured, "rel_error": r.rel_error}
+                           for r in self.rows],
+            "measured": self.measured,
+        }
+
+    def table(self) -> str:
+        """The comparison as aligned plain text for a terminal."""
+        head = ("metric", "predicted", "measured", "error")
+        body = [(r.metric, _num(r.predicted, ".4g"), _num(r.measured, ".4g"),
+                 "" if r.rel_error is None else f"{r.rel_error:+.1%}") for r in self.rows]
+        widths = [max(len(row[i]) for row in (head, *body)) for i in range(4)]
+        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+                 for row in (head, *body)]
+        return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        """report.md: a table of predicted vs measured with relative errors."""
+        s = self.settings
+        arrival = (f"closed loop, concurrency {s.max_concurrency}" if s.request_rate is None
+                   else f"{s.request_rate:g} req/s (burstiness {s.burstiness:g})")
+        lines = [f"# Predicted vs measured: {self.plan}", "",
+                 f"- endpoint: {self.url} ({self.gpus} GPUs)",
+                 f"- traffic: {s.num_prompts} prompts, input {s.prefix_len + s.input_len} "
+                 f"tokens, output {s.output_len} tokens, {arrival}",
+                 f"- completed: {self.measured.get('completed')}, failed: "
+                 f"{self.measured.get('failed')}, duration: "
+                 f"{_num(self.measured.get('duration_s'), '.2f')} s"]
+        lines += [f"- note: {n}" for n in s.notes]
+        lines += ["", "| metric | predicted | measured | error |", "|---|---:|---:|---:|"]
+        for r in self.rows:
+            err = "" if r.rel_error is None else f"{r.rel_error:+.1%}"
+            lines.append(f"| {r.metric} | {_num(r.predicted, '.4g')} | "
+                         f"{_num(r.measured, '.4g')} | {err} |")
+        return "\n".join(lines) + "\n"
+
+
+def _num(v: Any, spec: str) -> str:
+    return "n/a" if not isinstance(v, int | float) else format(v, spec)
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def compare(predicted: dict[str, Any], result: dict[str, Any], gpus: int) -> tuple[Comparison, ...]:
+    """Rows of predicted (plan metrics, as `rackplan simulate --json` prints them) vs measured
+    (`vllm bench serve --save-result` JSON)."""
+    rows = []
+    for m in LATENCIES:
+        pred = predicted.get(f"{m}_ms") or {}
+        for p in PERCENTILES:
+            got = result.get(f"p{p}_{m}_ms", result.get(f"median_{m}_ms") if p == 50 else None)
+            rows.append(Comparison(f"{m}_ms.p{p}", _float(pred.get(f"p{p}")), _float(got)))
+    for name, key, bench_key in (("output_throughput_tok_s", "output_tok_s_gpu",
+                                  "output_throughput"),
+                                 ("total_throughput_tok_s", "throughput_tok_s_gpu",
+                                  "total_token_throughput")):
+        per_gpu = _float(predicted.get(key))
+        rows.append(Comparison(name, None if per_gpu is None else per_gpu * gpus,
+                               _float(result.get(bench_key))))
+    return tuple(rows)
+
+
+def served_model(url: str, timeout_s: float = 10.0) -> str:
+    """The first model id that `url`/v1/models lists."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout_s) as resp:
+            return str(json.loads(resp.read())["data"][0]["id"])
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise BenchError(f"{url}/v1/models did not name a model ({exc})") from None
+
+
+def load_prediction(plan_path: Path) -> tuple[Any, Workload, dict[str, Any]]:
+    """(deployment, workload, predicted metrics) of a plan.yaml; a deployment YAML without a
+    prediction is simulated."""
+    from planner.plan import load_plan_or_deployment
+    from simulator.specs.loading import read_yaml
+
+    deployment, workload = load_plan_or_deployment(plan_path)
+    workload = workload or Workload()
+    data = read_yaml(plan_path)
+    predicted = data.get("predicted") if isinstance(data, dict) else None
+    if not isinstance(predicted, dict):
+        from planner.evaluate import sim_options
+        from simulator.des import simulate
+
+        predicted = simulate(deployment, workload, options=sim_options(deployment)).metrics()
+    return deployment, workload, predicted
+
+
+def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
+              vllm: str | Path | None = None, model: str | None = None,
+              tokenizer: str | None = None, num_prompts: int | None = None,
+              timeout_s: float | None = None) -> Report:
+    """Run `vllm bench serve` against `url` with the plan's workload, compare with the plan's
+    prediction, and write report.json and report.md (and bench.json, logs/bench.log) into
+    `run_dir`. SpecError for a workload that cannot be benchmarked, BenchError when the
+    benchmark fails."""
+    plan_path, run_dir = Path(plan_path), Path(run_dir)
+    deployment, workload, predicted = load_prediction(plan_path)
+    settings = bench_settings(workload, num_prompts)
+    url = url.rstrip("/")
+    model = model or served_model(url)
+    exe = Path(vllm) if vllm is not None else default_vllm()
+    if not exe.exists():
+        raise BenchError(f"the engine executable {exe} does not exist; run `make engine` or "
+                         "pass vllm=")
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    result_path = run_dir / RESULT_FILE
+    result_path.unlink(missing_ok=True)
+    command = [str(exe), "bench", "serve", "--backend", "vllm", "--base-url", url,
+               "--endpoint", "/v1/completions", "--model", model,
+               "--tokenizer", tokenizer or model, *settings.args(), "--ignore-eos",
+               "--percentile-metrics", "ttft,tpot,itl,e2el",
+               "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
+               "--save-result", "--result-dir", str(run_dir.resolve()),
+               "--result-filename", RESULT_FILE, "--disable-tqdm"]
+    log = run_dir / "logs" / "bench.log"
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        try:
+            proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, timeout=timeout_s, check=False,
+                                  env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        except subprocess.TimeoutExpired:
+            raise BenchError(_with_tail(f"vllm bench serve ran past {timeout_s:g} s", log)) \
+                from None
+    if proc.returncode != 0 or not result_path.exists():
+        raise BenchError(_with_tail(f"vllm bench serve exited with code {proc.returncode} "
+                                    f"after {time.monotonic() - start:.0f} s", log))
+    result = json.loads(result_path.read_text())
+    gpus = deployment.gpus_used
+    summary = {"completed": result.get("completed"), "failed": result.get("failed"),
+               "duration_s": result.get("duration"),
+               "request_throughput": result.get("request_throughput"),
+               "total_input_tokens": result.get("total_input_tokens"),
+               "total_output_tokens": result.get("total_output_tokens"),
+               **{f"mean_{m}_ms": result.get(f"mean_{m}_ms") for m in (*LATENCIES, "e2el")}}
+    report = Report(plan=str(plan_path), url=url, gpus=gpus, settings=settings,
+                    command=tuple(command), rows=compare(predicted, result, gpus),
+                    measured=summary, paths=(run_dir / "report.json", run_dir / "report.md"))
+    write_atomic(report.paths[0], json.dumps(report.to_dict(), indent=2) + "\n")
+    write_atomic(report.paths[1], report.to_markdown())
+    return report
+
+
+def _with_tail(sentence: str, log: Path) -> str:
+    tail = log_tail(log)
+    body = "\n".join("  | " + line for line in tail) if tail else "  | (empty)"
+    return f"{sentence}; last lines of {log}:\n{body}"
+

@@ -1,0 +1,204 @@
+"""`rackplan deploy` and `rackplan bench`: a plan launched on a target, then measured.
+
+`register(sub)` adds both subcommands to the rackplan parser (planner/cli.py calls it).
+
+deploy renders the plan's deployment as `vllm serve` processes, checks their flags against
+vLLM's rules (and, with --check-flags, with vLLM's own parser), then hands them to a backend:
+with --dry-run, `local` prints each process's command line and `kubernetes`/`slurm` write their
+files; without it the backend launches, waits until every instance answers, prints the
+router's URL and — for `local` — serves in the foreground until Ctrl-C, then tears down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from executor.backends import BACKENDS, get_backend
+from executor.backends.base import Backend, LaunchError
+from executor.render import Rendered
+from simulator.specs.deployment import Deployment
+from simulator.specs.errors import SpecError
+
+DEFAULT_TIMEOUT_S = 1800.0
+"""How long deploy waits for readiness: a large MoE model loads in tens of minutes."""
+TINY_MOE = "tiny-moe"
+"""The preset the CPU engine serves, built on the spot (executor/tinymodel.py)."""
+EXIT_LAUNCH_FAILED = 1
+
+
+def register(sub: Any) -> None:
+    """Add `deploy` and `bench` to the rackplan subcommands (`sub` from add_subparsers)."""
+    p = sub.add_parser("deploy", help="launch a plan's deployment with vLLM (or --dry-run)")
+    p.add_argument("plan", help="plan.yaml, or a deployment YAML (DESIGN.md format)")
+    p.add_argument("--target", required=True, metavar="TARGET",
+                   help=f"where it runs: {', '.join(BACKENDS)}")
+    p.add_argument("--dry-run", action="store_true",
+                   help="start nothing: local prints every process's command line, kubernetes "
+                        "and slurm write their files to --out")
+    p.add_argument("--out", metavar="DIR",
+                   help="run directory for files and logs (default runs/deploy-<plan name>)")
+    p.add_argument("--model-path", metavar="PATH",
+                   help="what vllm serves (default: the plan's model; for tiny-moe the model "
+                        "built in .venv-engine/models/tiny-moe)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"seconds to wait until every instance answers (default "
+                        f"{DEFAULT_TIMEOUT_S:.0f})")
+    p.add_argument("--check-flags", action="store_true",
+                   help="also parse every process's flags with vLLM's own parser (in "
+                        ".venv-engine; skipped with a note when it is absent)")
+    p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser("bench", help="measure a running deployment and compare with the plan")
+    p.add_argument("plan", help="plan.yaml (its workload and predicted metrics)")
+    p.add_argument("--url", help="the deployment's router (default: the local router, "
+                                 "http://127.0.0.1:<router port>)")
+    p.add_argument("--out", metavar="DIR",
+                   help="where the report goes (default runs/bench-<plan name>)")
+    p.set_defaults(func=cmd_bench)
+
+
+def _load(path: str) -> Deployment:
+    from planner.plan import load_plan_or_deployment
+
+    deployment, _ = load_plan_or_deployment(path)
+    return deployment
+
+
+def model_path(deployment: Deployment, given: str | None, build: bool) -> str:
+    """What vllm serves: `given`, else the tiny-moe model built for the CPU engine (built now
+    when `build`), else the plan's model."""
+    if given:
+        return given
+    if deployment.model == TINY_MOE:
+        from executor import tinymodel
+
+        if not build:
+            return str(tinymodel.CACHE)
+        try:
+            return str(tinymodel.ensure_tiny_model())
+        except RuntimeError as e:  # no engine environment, or the build failed
+            raise LaunchError(str(e).splitlines()[0]) from None
+    return deployment.model
+
+
+def render_for(target: str, deployment: Deployment, model: str) -> Rendered:
+    """The rendering a target launches: local puts every host on this machine."""
+    if target == "local":
+        from executor.backends.local import render_local
+
+        return render_local(deployment, model)
+    from executor.render import render
+
+    return render(deployment, model)
+
+
+def check_flags(deployment: Deployment, rendered: Rendered, with_vllm: bool) -> None:
+    """vLLM's rules over every rendered command line (SpecError naming each problem); with
+    `with_vllm`, vLLM's own parser too (a note on stderr when it cannot run)."""
+    from executor.rules import check_rendered
+    from simulator.specs.model import load_model
+
+    model = load_model(deployment.model)
+    check_rendered(rendered, model.n_routed_experts if model.is_moe else None)
+    if not with_vllm:
+        return
+    from executor.vllm_args import check_with_vllm
+
+    result = check_with_vllm((f"{p.instance} host {p.host}", p.argv)
+                             for p in rendered.processes)
+    if result.skipped:
+        print(f"rackplan: note: {result.skipped}", file=sys.stderr)
+    elif result.errors:
+        raise SpecError(f"vLLM {result.vllm_version} refuses: "
+                        + "; ".join(str(e) for e in result.errors))
+
+
+def local_command_lines(backend: Backend) -> list[str]:
+    """Each process as the local backend would start it: environment, then the command."""
+    from executor.backends.local import LocalBackend
+
+    assert isinstance(backend, LocalBackend)
+    lines = []
+    for p in backend.rendered.processes:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(backend.environment(p).items()))
+        lines.append((env + " " if env else "") + shlex.join(backend.argv(p)))
+    return lines
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    if args.target not in BACKENDS:
+        raise SpecError(f"unknown target {args.target!r}; valid targets: {', '.join(BACKENDS)}")
+    if not args.timeout > 0:
+        raise SpecError(f"--timeout {args.timeout:g} must be a positive number of seconds")
+    deployment = _load(args.plan)
+    run_dir = Path(args.out or Path("runs") / f"deploy-{Path(args.plan).stem}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SpecError(f"--out {run_dir} is a file; give a directory")
+    try:
+        model = model_path(deployment, args.model_path, build=not args.dry_run)
+    except LaunchError as e:
+        print(f"rackplan: error: {e}", file=sys.stderr)
+        return EXIT_LAUNCH_FAILED
+    rendered = render_for(args.target, deployment, model)
+    check_flags(deployment, rendered, args.check_flags)
+    backend = get_backend(args.target, rendered, run_dir)
+    if args.dry_run:
+        if args.target == "local":
+            for line in local_command_lines(backend):
+                print(line)
+        else:
+            for path in backend.render():
+                print(path)
+        return 0
+    return _launch(backend, args.target, args.timeout)
+
+
+def _launch(backend: Backend, target: str, timeout_s: float) -> int:
+    """Launch, wait, print the URL; local serves until Ctrl-C. Teardown on any failure."""
+    try:
+        backend.launch()  # each backend writes its files first
+        backend.wait_ready(timeout_s)
+    except LaunchError as e:
+        backend.teardown()
+        print(f"rackplan: error: {e}", file=sys.stderr)
+        return EXIT_LAUNCH_FAILED
+    except BaseException:
+        backend.teardown()
+        raise
+    print(f"router: {getattr(backend, 'url', None) or 'see ' + str(backend.run_dir)}")
+    if target != "local":
+        print(f"running on {target}; files in {backend.run_dir}", file=sys.stderr)
+        return 0
+    print("serving; press Ctrl-C to stop", file=sys.stderr)
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        print("stopping", file=sys.stderr)
+    finally:
+        backend.teardown()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from executor.backends.local import render_local
+
+    deployment = _load(args.plan)
+    url = args.url or f"http://127.0.0.1:{render_local(deployment).router['port']}"
+    run_dir = Path(args.out or Path("runs") / f"bench-{Path(args.plan).stem}")
+    from executor.bench import run_bench
+
+    try:
+        report = run_bench(Path(args.plan), url, run_dir)
+    except LaunchError as e:  # bench's BenchError among them
+        print(f"rackplan: error: {e}", file=sys.stderr)
+        return EXIT_LAUNCH_FAILED
+    print(report.table())
+    for path in report.paths:
+        print(f"report: {path}")
+    return 0

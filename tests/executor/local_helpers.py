@@ -1,0 +1,74 @@
+"""Shared by the local backend's tests: free ports, tiny CPU deployments, the fake engine."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+from executor.backends.local import LocalBackend, render_local
+from executor.render import Rendered
+from simulator.specs.deployment import Deployment
+from simulator.specs.loading import load_deployment
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+TINY_PD = DATA / "tiny-moe-cpu-pd.yaml"
+"""1 prefill + 1 decode instance of tiny-moe on the cpu hardware (a plan.yaml)."""
+TINY_AGG = DATA / "tiny-moe-cpu-agg.yaml"
+"""One aggregated tiny-moe instance on the cpu hardware (a plan.yaml)."""
+
+
+def free_base_port(count: int) -> int:
+    """A base port such that base-1 .. base+count-1 are free now (the router sits at base-1)."""
+    for candidate in range(20000 + (os.getpid() * 37) % 20000, 60000, 53):
+        ports = range(candidate - 1, candidate + count)
+        if all(_free(p) for p in ports):
+            return candidate
+    raise RuntimeError(f"no {count + 1} consecutive free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def plan_deployment(path: Path) -> Deployment:
+    """The deployment of a plan.yaml in tests/executor/data."""
+    import yaml
+
+    return load_deployment(yaml.safe_load(path.read_text())["deployment"])
+
+
+def local_rendering(deployment: Deployment, model: str) -> Rendered:
+    """The deployment rendered on free local ports."""
+    n = sum(r.instances for r in deployment.roles.values())
+    return render_local(deployment, model, base_port=free_base_port(n))
+
+
+def fake_vllm(tmp: Path) -> Path:
+    """An executable that runs tests/executor/fake_vllm.py with this interpreter."""
+    exe = tmp / "fake-vllm"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "fake_vllm.py"}" "$@"\n')
+    exe.chmod(0o755)
+    return exe
+
+
+def with_flag(rendered: Rendered, instance: str, flag: str) -> Rendered:
+    """The rendering with one extra argument for every process of one instance."""
+    procs = tuple(p if p.instance != instance else
+                  type(p)(p.instance, p.role, p.host, (*p.argv, flag), p.env, p.port)
+                  for p in rendered.processes)
+    return Rendered(procs, rendered.router)
+
+
+def assert_nothing_left(backend: LocalBackend) -> None:
+    """Every recorded process group is gone (no live member)."""
+    assert backend.launched, "nothing was launched"
+    left = backend.alive()
+    assert not left, f"still running after teardown: {left}"

@@ -1,0 +1,143 @@
+"""executor/bench: the plan's workload as `vllm bench serve` arguments, and the report
+comparing its result with the prediction (the benchmark itself faked here)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from executor.bench import BenchError, Comparison, bench_settings, compare, run_bench
+from simulator.specs.errors import SpecError
+from simulator.specs.loading import load_workload
+from tests.executor.fake_vllm import BENCH_RESULT
+from tests.executor.local_helpers import TINY_PD, fake_vllm
+
+
+def settings(**workload: object):
+    return bench_settings(load_workload(workload))
+
+
+def arg(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_closed_loop_fixed_lengths_map_exactly():
+    s = settings(arrival={"kind": "closed", "concurrency": 4}, requests=8,
+                 input_tokens={"kind": "fixed", "value": 64},
+                 output_tokens={"kind": "fixed", "value": 16}, seed=3)
+    args = s.args()
+    assert (arg(args, "--random-input-len"), arg(args, "--random-output-len")) == ("64", "16")
+    assert arg(args, "--max-concurrency") == "4" and arg(args, "--request-rate") == "inf"
+    assert arg(args, "--num-prompts") == "8" and arg(args, "--seed") == "3"
+    assert json.loads(arg(args, "--random-range-ratio")) == {"input": 0.0, "output": 0.0}
+    assert arg(args, "--dataset-name") == "random" and s.notes == ()
+
+
+def test_uniform_lengths_become_centre_and_range_ratio():
+    s = settings(input_tokens={"kind": "uniform", "low": 100, "high": 300},
+                 output_tokens={"kind": "uniform", "low": 10, "high": 30})
+    assert (s.input_len, s.input_range) == (200, 0.5)
+    assert (s.output_len, s.output_range) == (20, 0.5)
+    assert s.input_len * (1 - s.input_range) == 100 and s.input_len * (1 + s.input_range) == 300
+
+
+def test_open_loop_arrivals_map_to_rate_and_burstiness():
+    poisson = settings(arrival={"kind": "poisson", "rate": 2.5})
+    assert (poisson.request_rate, poisson.burstiness, poisson.max_concurrency) == (2.5, 1.0, None)
+    bursty = settings(arrival={"kind": "bursty", "rate": 3, "burstiness": 4})
+    assert (bursty.request_rate, bursty.burstiness) == (3, 0.25)  # vLLM's gamma shape = 1/CV²
+    assert arg(bursty.args(), "--burstiness") == "0.25"
+
+
+def test_approximations_are_noted():
+    s = bench_settings(load_workload({
+        "input_tokens": {"kind": "lognormal", "median": 100, "sigma": 0.5},
+        "prefix_hit_rate": 0.25, "sessions": {"turns": 3}, "requests": 40}), num_prompts=8)
+    assert s.prefix_len + s.input_len == round(load_workload(
+        {"input_tokens": {"kind": "lognormal", "median": 100, "sigma": 0.5}}
+    ).input_tokens.mean)
+    assert s.prefix_len == round(0.25 * (s.prefix_len + s.input_len))
+    assert s.num_prompts == 8
+    text = " | ".join(s.notes)
+    for needle in ("lognormal", "shared prefix", "sessions of 3 turns", "8 prompts instead of"):
+        assert needle in text
+
+
+@pytest.mark.parametrize(("workload", "needle"), [
+    ({"arrival": {"kind": "trace", "path": "t.jsonl"}}, "arrival kind 'trace' has no"),
+    ({"mode": "decode_only"}, "mode='decode_only' cannot be measured"),
+])
+def test_unmappable_workloads_are_refused(workload, needle):
+    with pytest.raises(SpecError, match=needle):
+        bench_settings(load_workload(workload))
+
+
+def test_compare_reads_percentiles_and_scales_per_gpu_throughput():
+    predicted = {"ttft_ms": {"p50": 50.0, "p90": 100.0, "p99": None},
+                 "tpot_ms": {"p50": 10.0, "p90": 10.0, "p99": 10.0},
+                 "itl_ms": {"p50": 20.0, "p90": 20.0, "p99": 20.0},
+                 "output_tok_s_gpu": 16.0, "throughput_tok_s_gpu": 200.0}
+    result = {**BENCH_RESULT}
+    del result["p50_ttft_ms"]  # an older vLLM writes only the median
+    rows = {r.metric: r for r in compare(predicted, result, gpus=2)}
+    assert rows["ttft_ms.p50"] == Comparison("ttft_ms.p50", 50.0, 100.0)
+    assert rows["ttft_ms.p50"].rel_error == 1.0
+    assert rows["ttft_ms.p90"].rel_error == 0.5
+    assert rows["ttft_ms.p99"].rel_error is None  # nothing predicted
+    assert rows["itl_ms.p50"].rel_error == -0.5
+    assert rows["output_throughput_tok_s"] == Comparison("output_throughput_tok_s", 32.0, 64.0)
+    assert math.isclose(rows["total_throughput_tok_s"].rel_error or 0, -0.2)
+    assert len(rows) == 11
+
+
+def test_run_bench_writes_both_reports(tmp_path):
+    run_dir = tmp_path / "run"
+    report = run_bench(TINY_PD, "http://127.0.0.1:9/", run_dir, vllm=fake_vllm(tmp_path),
+                       model="/models/tiny-moe", num_prompts=4)
+    log = (run_dir / "logs" / "bench.log").read_text()
+    assert "--base-url http://127.0.0.1:9 " in log and "--num-prompts 4 " in log
+    assert "--max-concurrency 4" in log and "--ignore-eos" in log
+    assert "--tokenizer /models/tiny-moe" in log
+    predicted = yaml.safe_load(TINY_PD.read_text())["predicted"]
+    ttft = report.row("ttft_ms.p90")
+    assert (ttft.predicted, ttft.measured) == (predicted["ttft_ms"]["p90"], 150.0)
+    out = report.row("output_throughput_tok_s")
+    assert out.predicted == pytest.approx(predicted["output_tok_s_gpu"] * 2)
+    saved = json.loads((run_dir / "report.json").read_text())
+    assert saved["gpus"] == 2 and saved["measured"]["completed"] == 8
+    assert {r["metric"]: r["rel_error"] for r in saved["comparison"]}["ttft_ms.p90"] == \
+        pytest.approx(150.0 / predicted["ttft_ms"]["p90"] - 1)
+    assert saved["notes"] == ["4 prompts instead of the plan's 8"]
+    md = (run_dir / "report.md").read_text()
+    assert "| ttft_ms.p90 |" in md and "closed loop, concurrency 4" in md
+    assert report.paths == (run_dir / "report.json", run_dir / "report.md")
+    assert report.table().splitlines()[0].split() == ["metric", "predicted", "measured", "error"]
+
+
+def test_run_bench_simulates_a_plan_without_prediction(tmp_path):
+    plan = yaml.safe_load(TINY_PD.read_text())
+    del plan["predicted"]
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    report = run_bench(path, "http://127.0.0.1:9", tmp_path / "run", vllm=fake_vllm(tmp_path),
+                       model="m")
+    assert report.row("ttft_ms.p50").predicted is not None
+    assert report.row("total_throughput_tok_s").predicted is not None
+
+
+def test_failed_benchmark_raises_with_its_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_BENCH_FAIL", "1")
+    needle = r"(?s)exited with code 1 .*bench.log:\n.*refused the connection"
+    with pytest.raises(BenchError, match=needle):
+        run_bench(TINY_PD, "http://127.0.0.1:9", tmp_path, vllm=fake_vllm(tmp_path), model="m")
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_missing_engine_is_named(tmp_path):
+    with pytest.raises(BenchError, match=r"engine executable /nothing/vllm does not exist"):
+        run_bench(TINY_PD, "http://127.0.0.1:9", tmp_path, vllm=Path("/nothing/vllm"),
+                  model="m")

@@ -1,0 +1,245 @@
+"""`rackplan deploy` and `rackplan bench`: dry runs, launches through fake cluster tools, and
+the one-line errors of the CLI contract."""
+
+import os
+import shlex
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import yaml
+
+import executor.cli as cli
+from executor import vllm_args
+from executor.backends.base import Backend
+from executor.backends.local import render_local
+from executor.render import Process, Rendered
+from executor.vllm_args import FlagError, VllmCheck
+from planner.cli import main
+from simulator.specs.errors import SpecError
+from simulator.specs.loading import load_deployment
+from tests.executor.cluster import ROOT, calls, fake_tool, use_path
+from tests.planner.cli_run import assert_one_line_error, run_cli
+
+PD = ROOT / "examples" / "deepseek-v3-h200-pd.yaml"
+CPU_PLAN = {"model": "tiny-moe", "hardware": "cpu",
+            "precision": {"weights": "bf16", "kv_cache": "bf16"},
+            "prefill": {"max_num_batched_tokens": 512}, "decode": {"max_num_seqs": 8}}
+
+
+def rackplan(*args: str, cwd: Path, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def test_local_dry_run_prints_one_command_line_per_process_and_starts_nothing(tmp_path):
+    """The engine's vllm points nowhere: a launch would fail; the dry run prints and exits."""
+    r = rackplan("deploy", str(PD), "--target", "local", "--dry-run", cwd=tmp_path,
+                 env={"RACKPLAN_ENGINE_VENV": str(tmp_path / "no-engine")})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    lines = r.stdout.splitlines()
+    rendered = render_local(load_deployment(PD))
+    assert len(lines) == len(rendered.processes) == 9
+    for line, proc in zip(lines, rendered.processes, strict=True):
+        words = shlex.split(line)
+        exe = words.index(str(tmp_path / "no-engine" / "bin" / "vllm"))
+        assert "HF_HUB_OFFLINE=1" in words[:exe]
+        assert words[exe + 1:] == list(proc.argv[1:])
+    assert list(tmp_path.iterdir()) == []  # nothing written, no run directory
+
+
+def test_local_dry_run_serves_the_built_tiny_moe_model_unless_told_otherwise(tmp_path):
+    plan = tmp_path / "cpu.yaml"
+    plan.write_text(yaml.safe_dump(CPU_PLAN))
+    r = rackplan("deploy", str(plan), "--target", "local", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for line in r.stdout.splitlines():
+        words = shlex.split(line)
+        served = words[words.index("serve") + 1]
+        assert Path(served).parts[-3:] == (".venv-engine", "models", "tiny-moe")
+    r = rackplan("deploy", str(plan), "--target", "local", "--dry-run", "--model-path",
+                 "/srv/tiny", cwd=tmp_path)
+    assert [shlex.split(ln)[shlex.split(ln).index("serve") + 1]
+            for ln in r.stdout.splitlines()] == ["/srv/tiny", "/srv/tiny"]
+
+
+@pytest.mark.parametrize(("target", "count", "folder"), [("kubernetes", 7, "kubernetes"),
+                                                         ("slurm", 5, "slurm")])
+def test_cluster_dry_run_writes_the_files_and_prints_their_paths(tmp_path, target, count,
+                                                                folder):
+    r = rackplan("deploy", str(PD), "--target", target, "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    paths = [Path(line) for line in r.stdout.splitlines()]
+    assert len(paths) == count
+    out = Path("runs") / "deploy-deepseek-v3-h200-pd" / folder
+    assert all(p.parent == out and (tmp_path / p).is_file() for p in paths)
+    r = rackplan("deploy", str(PD), "--target", target, "--dry-run", "--out",
+                 str(tmp_path / "elsewhere"), cwd=tmp_path)
+    assert all(Path(line).parent == tmp_path / "elsewhere" / folder
+               for line in r.stdout.splitlines())
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--target", "docker"], ["unknown target 'docker'", "valid targets: local, kubernetes, "
+                                                         "slurm"]),
+    (["--target", "local", "--timeout", "0"], ["--timeout 0 must be a positive"]),
+])
+def test_bad_target_or_timeout_is_one_line(args, needles):
+    assert_one_line_error(run_cli("deploy", str(PD), *args, "--dry-run"), *needles)
+
+
+def test_missing_plan_file_is_one_line(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    assert_one_line_error(run_cli("deploy", str(missing), "--target", "slurm", "--dry-run"),
+                          str(missing), "no such file")
+    assert_one_line_error(run_cli("bench", str(missing)), str(missing), "no such file")
+
+
+def test_a_tiny_moe_model_that_cannot_be_built_is_one_line(tmp_path, monkeypatch, capsys):
+    from executor import tinymodel
+
+    def no_engine():
+        raise RuntimeError("engine interpreter .venv-engine/bin/python not found; run `make "
+                           "engine` first\nmore detail")
+
+    monkeypatch.setattr(tinymodel, "ensure_tiny_model", no_engine)
+    plan = tmp_path / "cpu.yaml"
+    plan.write_text(yaml.safe_dump(CPU_PLAN))
+    assert main(["deploy", str(plan), "--target", "local", "--out", str(tmp_path / "run")]) == 1
+    assert capsys.readouterr().err == ("rackplan: error: engine interpreter .venv-engine/bin/"
+                                       "python not found; run `make engine` first\n")
+
+
+def test_launch_without_kubectl_is_one_line_naming_dry_run(tmp_path):
+    r = rackplan("deploy", str(PD), "--target", "kubernetes", "--out", str(tmp_path / "run"),
+                 cwd=tmp_path, env={"PATH": str(tmp_path / "empty")})
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip() == ("rackplan: error: kubectl not found on PATH; use --dry-run to "
+                                f"write the manifests to {tmp_path / 'run' / 'kubernetes'}")
+
+
+def test_kubernetes_launch_applies_waits_and_prints_the_router(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "kubectl.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    fake_tool(tmp_path / "bin", "kubectl", "exit 0\n")
+    use_path(monkeypatch, tmp_path / "bin")
+    assert main(["deploy", str(PD), "--target", "kubernetes", "--out",
+                 str(tmp_path / "deploy-dsv3"), "--timeout", "60"]) == 0
+    assert capsys.readouterr().out == "router: http://dsv3-router:8099\n"
+    verbs = [line.split()[1] for line in calls(log)]
+    assert verbs == ["apply", "wait", "wait", "rollout", "exec"]  # left running, not deleted
+
+
+def test_a_failed_launch_tears_down_and_says_why_in_one_line(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "kubectl.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    fake_tool(tmp_path / "bin", "kubectl", """\
+        if [[ "$1" == wait ]]; then echo 'error: timed out' >&2; exit 1; fi
+        """)
+    use_path(monkeypatch, tmp_path / "bin")
+    assert main(["deploy", str(PD), "--target", "kubernetes", "--out",
+                 str(tmp_path / "run"), "--timeout", "5"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rackplan: error: prefill instances (run-prefill) were not available within "
+                   "5 s: error: timed out"]
+    assert calls(log)[-1].startswith("kubectl delete --ignore-not-found")
+
+
+class FakeLocal(Backend):
+    name = "local"
+    events: ClassVar[list[str]] = []
+
+    def render(self):
+        self.events.append("render")
+        return []
+
+    def launch(self):
+        self.events.append("launch")
+
+    def wait_ready(self, timeout_s):
+        self.events.append(f"wait {timeout_s:g}")
+
+    def teardown(self):
+        self.events.append("teardown")
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:8099"
+
+
+def test_local_launch_serves_in_the_foreground_until_ctrl_c_then_tears_down(
+        tmp_path, monkeypatch, capsys):
+    FakeLocal.events = []
+    monkeypatch.setattr(cli, "get_backend", lambda target, rendered, run_dir: FakeLocal(
+        rendered, run_dir))
+
+    def interrupt(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.time, "sleep", interrupt)
+    assert main(["deploy", str(PD), "--target", "local", "--model-path", "/m",
+                 "--timeout", "30"]) == 0
+    assert FakeLocal.events == ["launch", "wait 30", "teardown"]
+    out = capsys.readouterr()
+    assert out.out == "router: http://127.0.0.1:8099\n"
+    assert "press Ctrl-C" in out.err
+
+
+def test_rules_refuse_a_rendering_before_any_file_is_written(tmp_path, monkeypatch):
+    bad = Rendered((Process("decode-0", "decode", 0, (
+        "vllm", "serve", "/m", "--data-parallel-size", "4", "--data-parallel-size-local", "8",
+        "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'),
+        port=8100),), {"port": 8099})
+    monkeypatch.setattr(cli, "render_for", lambda target, deployment, model: bad)
+    with pytest.raises(SpecError, match="decode-0 host 0: --data-parallel-size-local 8 must be "
+                                        "<= --data-parallel-size 4"):
+        cli.check_flags(load_deployment(PD), bad, with_vllm=False)
+    assert main(["deploy", str(PD), "--target", "slurm", "--dry-run", "--out",
+                 str(tmp_path / "run")]) == 2
+    assert not (tmp_path / "run").exists()
+
+
+def test_check_flags_reports_vllm_s_refusals_or_notes_a_skip(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(vllm_args, "_ROOT", tmp_path)  # no engine environment here
+    assert main(["deploy", str(PD), "--target", "slurm", "--dry-run", "--check-flags",
+                 "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("rackplan: note: no engine environment at .venv-engine/")
+    monkeypatch.setattr(vllm_args, "check_with_vllm", lambda processes: VllmCheck(
+        errors=(FlagError("decode-0 host 0", "--all2all-backend", "invalid choice: 'x'"),),
+        vllm_version="0.32.0"))
+    assert main(["deploy", str(PD), "--target", "slurm", "--dry-run", "--check-flags",
+                 "--out", str(tmp_path / "run2")]) == 2
+    assert capsys.readouterr().err == ("rackplan: error: vLLM 0.32.0 refuses: decode-0 host 0: "
+                                       "--all2all-backend: invalid choice: 'x'\n")
+
+
+def test_bench_runs_against_the_local_router_and_prints_predicted_vs_measured(
+        tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    class Report:
+        def __init__(self):
+            self.paths = [tmp_path / "report.json", tmp_path / "report.md"]
+
+        def table(self):
+            return "metric  predicted  measured"
+
+    def run_bench(plan_path, url, run_dir):
+        seen.update(plan=plan_path, url=url, run_dir=run_dir)
+        return Report()
+
+    monkeypatch.setitem(sys.modules, "executor.bench",
+                        types.SimpleNamespace(run_bench=run_bench))
+    assert main(["bench", str(PD), "--out", str(tmp_path / "b")]) == 0
+    assert seen == {"plan": PD, "url": "http://127.0.0.1:8099", "run_dir": tmp_path / "b"}
+    assert capsys.readouterr().out == (f"metric  predicted  measured\nreport: {tmp_path}/"
+                                       f"report.json\nreport: {tmp_path}/report.md\n")
+    assert main(["bench", str(PD), "--url", "http://127.0.0.2:8000"]) == 0
+    assert seen["url"] == "http://127.0.0.2:8000"
+    assert seen["run_dir"] == Path("runs") / "bench-deepseek-v3-h200-pd"

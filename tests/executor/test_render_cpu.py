@@ -1,0 +1,60 @@
+"""executor/render on the cpu hardware: flags vLLM's CPU build can run (golden file, roles)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from executor.render import CPU_MAX_MODEL_LEN, render
+from simulator.specs.errors import SpecError
+from simulator.specs.loading import load_deployment
+from tests.executor.local_helpers import TINY_AGG, TINY_PD, plan_deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def flag(argv: tuple[str, ...], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_tiny_moe_cpu_pd_plan_matches_its_golden_file():
+    r = render(plan_deployment(TINY_PD), model_path="/models/tiny-moe")
+    got = "\n".join(p.command_line() for p in r.processes) + "\n"
+    assert got == (GOLDEN / "tiny-moe-cpu-pd.txt").read_text()
+
+
+def test_cpu_pd_roles_hand_kv_over_a_shared_folder_with_explicit_roles():
+    r = render(plan_deployment(TINY_PD), kv_dir="/run/kv")
+    configs = {p.role: json.loads(flag(p.argv, "--kv-transfer-config") or "{}")
+               for p in r.processes}
+    assert configs == {role: {"kv_connector": "ExampleConnector", "kv_role": kv_role,
+                              "kv_connector_extra_config": {"shared_storage_path": "/run/kv"}}
+                       for role, kv_role in (("prefill", "kv_producer"),
+                                             ("decode", "kv_consumer"))}
+    for p in r.processes:
+        assert p.env == {}  # no NIXL side channel
+        assert "--enforce-eager" in p.argv and "--compilation-config" not in p.argv
+        assert flag(p.argv, "--max-model-len") == str(CPU_MAX_MODEL_LEN)
+        assert "--gpu-memory-utilization" not in p.argv
+        assert int(flag(p.argv, "--kv-cache-memory-bytes") or 0) > 0
+    assert r.router == {"port": 8099, "prefill_urls": ["http://host0:8100"],
+                        "decode_urls": ["http://host1:8101"]}
+
+
+def test_cpu_aggregated_has_no_connector():
+    (p,) = render(plan_deployment(TINY_AGG), max_model_len=512).processes
+    assert "--kv-transfer-config" not in p.argv and flag(p.argv, "--max-model-len") == "512"
+
+
+def test_gpu_rendering_keeps_cuda_graphs_and_nixl():
+    r = render(load_deployment(ROOT / "examples" / "deepseek-v3-h200-pd.yaml"))
+    for p in r.processes:
+        assert "--enforce-eager" not in p.argv and "--max-model-len" not in p.argv
+        assert "NixlConnector" in (flag(p.argv, "--kv-transfer-config") or "")
+        assert "VLLM_NIXL_SIDE_CHANNEL_PORT" in p.env
+
+
+def test_max_model_len_must_be_positive():
+    with pytest.raises(SpecError, match="max_model_len=0 must be >= 1"):
+        render(plan_deployment(TINY_AGG), max_model_len=0)

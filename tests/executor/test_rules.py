@@ -1,0 +1,136 @@
+"""executor/rules: vLLM's rules for a `vllm serve` command line, one test per rule."""
+
+import pytest
+
+from executor.render import Process, Rendered
+from executor.rules import check_rendered, flag_problems, parse_flags
+from simulator.specs.errors import SpecError
+from tests.executor.cluster import pd_rendering, uneven_rendering
+
+NIXL_P = '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'
+NIXL_C = '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'
+
+
+def serve(*flags: str) -> list[str]:
+    return ["vllm", "serve", "/m", *flags]
+
+
+def test_parse_flags_reads_values_switches_and_equals_forms():
+    assert parse_flags(serve("--max-num-seqs", "8", "--enforce-eager", "--data_parallel_size=4",
+                             "--eplb-config", '{"a":1}')) == {
+        "--max-num-seqs": "8", "--enforce-eager": True, "--data-parallel-size": "4",
+        "--eplb-config": '{"a":1}'}
+
+
+@pytest.mark.parametrize("rendering", [pd_rendering, uneven_rendering])
+def test_renderings_break_no_rule(rendering):
+    check_rendered(rendering(), routed_experts=256)
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--enable-eplb", "--data-parallel-size", "8"],
+     "--enable-eplb needs --enable-expert-parallel"),
+    (["--enable-eplb", "--enable-expert-parallel"],
+     "expert-parallel group of more than one rank, but TP=1 x PCP=1 x DP=1 = 1"),
+    (["--eplb-config", '{"num_redundant_experts":32}', "--enable-expert-parallel",
+      "--data-parallel-size", "8"], "num_redundant_experts=32 needs --enable-eplb"),
+    (["--enable-eplb", "--enable-expert-parallel", "--data-parallel-size", "40",
+      "--eplb-config", '{"num_redundant_experts":32}'],
+     "routed+redundant experts (256+32=288) must be a multiple of the expert-parallel size 40 "
+     "(TP=1 x PCP=1 x DP=40); e.g. num_redundant_experts=64"),
+    (["--enable-eplb", "--enable-expert-parallel", "--data-parallel-size", "8",
+      "--eplb-config", '{"num_redundant_experts":-1}'], "num_redundant_experts=-1 must be"),
+    (["--eplb-config", "{oops"], "--eplb-config '{oops' is not JSON"),
+])
+def test_eplb_needs_expert_parallel_and_divisible_experts(flags, needle):
+    (problem,) = flag_problems(serve(*flags), routed_experts=256)
+    assert needle in problem
+
+
+def test_eplb_divisibility_counts_tensor_parallel_ranks_too():
+    ok = serve("--enable-eplb", "--enable-expert-parallel", "--data-parallel-size", "4",
+               "--tensor-parallel-size", "2", "--eplb-config", '{"num_redundant_experts":32}')
+    assert flag_problems(ok, routed_experts=256) == []  # 288 = 8 x 36
+    assert flag_problems(ok, routed_experts=250) != []  # 282 is not a multiple of 8
+    assert flag_problems(ok) == []  # experts unknown: divisibility not checked
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--data-parallel-hybrid-lb", "--data-parallel-external-lb", "--data-parallel-size", "4"],
+     "modes external and hybrid exclude each other"),
+    (["--data-parallel-rank", "1", "--data-parallel-start-rank", "0",
+      "--data-parallel-size", "4"], "modes external and hybrid exclude each other"),
+    (["--data-parallel-multi-port-external-lb", "--data-parallel-hybrid-lb",
+      "--data-parallel-size", "4"], "modes multi-port external and hybrid exclude each other"),
+])
+def test_hybrid_and_external_load_balancing_exclude_each_other(flags, needle):
+    (problem,) = flag_problems(serve(*flags))
+    assert needle in problem
+
+
+def test_a_start_rank_with_multi_port_is_not_hybrid():
+    flags = serve("--data-parallel-multi-port-external-lb", "--data-parallel-start-rank", "0",
+                  "--data-parallel-size", "4")
+    assert flag_problems(flags) == []
+
+
+def test_local_data_parallel_size_fits_in_the_data_parallel_size():
+    (problem,) = flag_problems(serve("--data-parallel-size", "8",
+                                     "--data-parallel-size-local", "16"))
+    assert problem == "--data-parallel-size-local 16 must be <= --data-parallel-size 8"
+    (problem,) = flag_problems(serve("--data-parallel-size", "8", "--data-parallel-size-local",
+                                     "8", "--data-parallel-start-rank", "4",
+                                     "--data-parallel-address", "h", "--headless"))
+    assert "start-rank 4 + --data-parallel-size-local 8 runs past --data-parallel-size 8" in \
+        problem
+
+
+def test_headless_needs_a_data_parallel_address_and_no_api_server():
+    base = ["--data-parallel-size", "16", "--data-parallel-size-local", "8",
+            "--data-parallel-start-rank", "8", "--headless"]
+    (problem,) = flag_problems(serve(*base))
+    assert problem.startswith("--headless needs --data-parallel-address")
+    assert flag_problems(serve(*base, "--data-parallel-address", "host0")) == []
+    problems = flag_problems(serve(*base, "--data-parallel-address", "host0",
+                                   "--api-server-count", "2", "--data-parallel-hybrid-lb"))
+    assert problems == ["--api-server-count 2 cannot be used with --headless (a headless host "
+                        "starts no API server)",
+                        "--data-parallel-hybrid-lb does not apply to a --headless host"]
+
+
+@pytest.mark.parametrize("tokens", [0, -1, "2"])
+def test_speculative_tokens_are_at_least_one(tokens):
+    spec = f'{{"method":"mtp","num_speculative_tokens":{tokens!r}}}'.replace("'", '"')
+    (problem,) = flag_problems(serve("--speculative-config", spec))
+    assert "num_speculative_tokens=" in problem and ">= 1" in problem
+    assert flag_problems(serve("--speculative-config",
+                               '{"method":"mtp","num_speculative_tokens":1}')) == []
+
+
+@pytest.mark.parametrize(("role", "flags", "needle"), [
+    ("prefill", [], "a prefill instance of a P/D deployment needs --kv-transfer-config with "
+                    "kv_role kv_producer or kv_both"),
+    ("decode", ["--kv-transfer-config", NIXL_P], "a decode instance needs kv_role kv_consumer "
+                                                 "or kv_both in --kv-transfer-config, not "
+                                                 "'kv_producer'"),
+    ("decode", ["--kv-transfer-config", '{"kv_connector":"NixlConnector"}'],
+     "sets kv_connector='NixlConnector' but no kv_role"),
+    (None, ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"both"}'],
+     "kv_role='both' is not one of kv_producer, kv_consumer, kv_both"),
+])
+def test_pd_roles_need_their_kv_role(role, flags, needle):
+    (problem,) = flag_problems(serve(*flags), role=role)
+    assert needle in problem
+    assert flag_problems(serve("--kv-transfer-config", NIXL_P), role="prefill") == []
+    assert flag_problems(serve("--kv-transfer-config", NIXL_C), role="decode") == []
+    assert flag_problems(serve(), role="aggregated") == []
+
+
+def test_check_rendered_names_each_problem_once_with_its_first_process():
+    bad = serve("--data-parallel-size", "4", "--data-parallel-size-local", "8", "--port", "1")
+    procs = tuple(Process(f"decode-{i}", "decode", 0, (*bad, "--kv-transfer-config", NIXL_C),
+                          port=1) for i in range(3))
+    with pytest.raises(SpecError) as e:
+        check_rendered(Rendered(procs, {"port": 0}))
+    assert str(e.value) == ("decode-0 host 0: --data-parallel-size-local 8 must be <= "
+                            "--data-parallel-size 4")

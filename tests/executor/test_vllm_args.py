@@ -1,0 +1,108 @@
+"""executor/vllm_args: every refused flag reported once, and the golden GPU P/D rendering
+parsed by vLLM's own parser in the engine environment (skipped where that is absent)."""
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from executor import vllm_args
+from executor.vllm_args import FlagError, check_with_vllm, engine_python, flag_errors
+from tests.executor.cluster import pd_rendering
+
+GOLDEN = Path(__file__).parent / "golden" / "deepseek-v3-h200-pd.txt"
+MODES = {"NONE": 0, "FULL": 1}
+
+
+class Parser(argparse.ArgumentParser):
+    """A parser shaped like vLLM's: errors raised, and a type function whose KeyError
+    escapes argparse (as vLLM's compilation-config parsing does)."""
+
+    def error(self, message):
+        raise vllm_args._ParserError(message)
+
+
+def small_parser() -> Parser:
+    p = Parser()
+    p.add_argument("model_tag", nargs="?")
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--enable-expert-parallel", action="store_true")
+    p.add_argument("--headless", action="store_true")
+    p.add_argument("--all2all-backend", choices=["naive", "deepep_low_latency"])
+    p.add_argument("--tensor-parallel-size", "-tp", type=int)
+    p.add_argument("--compilation-config", type=lambda v: MODES[v])
+    return p
+
+
+def test_each_refused_flag_is_reported_once_in_command_line_order():
+    args = ["/m", "--max-num-seqs", "x", "--enable-expert-paralel", "--all2all-backend", "nope",
+            "--compilation-config", "WRONG", "-tp", "zz", "--foo", "3", "--headless"]
+    assert flag_errors(small_parser(), args) == [
+        ("--max-num-seqs", "invalid int value: 'x'"),
+        ("--enable-expert-paralel",
+         "not an option of vllm serve; did you mean --enable-expert-parallel?"),
+        ("--all2all-backend",
+         "invalid choice: 'nope' (choose from 'naive', 'deepep_low_latency')"),
+        ("--compilation-config", "KeyError: 'WRONG'"),  # raised past argparse, like vLLM's
+        ("--tensor-parallel-size", "invalid int value: 'zz'"),
+        ("--foo", "not an option of vllm serve"),
+    ]
+
+
+def test_clean_flags_give_no_error():
+    assert flag_errors(small_parser(), ["/m", "--max-num-seqs", "4", "-tp", "2",
+                                        "--headless"]) == []
+
+
+def test_one_line_drops_pydantic_s_links():
+    text = ("1 validation error for KVTransferConfig\nkv_role\n  Input should be 'kv_producer'\n"
+            "    For further information visit https://errors.pydantic.dev/2/v/literal_error")
+    assert vllm_args.one_line(text) == ("1 validation error for KVTransferConfig kv_role "
+                                        "Input should be 'kv_producer'")
+
+
+def test_without_the_engine_environment_the_check_is_skipped_with_a_note(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(vllm_args, "_ROOT", tmp_path)
+    assert engine_python() is None
+    result = check_with_vllm([("decode-0 host 0", ["vllm", "serve", "/m"])])
+    assert result.errors == () and result.skipped == (
+        "no engine environment at .venv-engine/ (build it with executor/engine_env.sh); "
+        "vLLM's own flag check skipped")
+
+
+def test_an_interpreter_without_vllm_runs_the_script_and_reports_a_skip():
+    result = check_with_vllm([("decode-0 host 0", ["vllm", "serve", "/m"])],
+                             python=Path(sys.executable))
+    assert result.errors == ()
+    assert result.skipped is not None
+    assert result.skipped.startswith("vLLM is not importable here (ModuleNotFoundError")
+
+
+@pytest.mark.skipif(engine_python() is None, reason="no engine environment (.venv-engine)")
+def test_vllm_s_own_parser_accepts_the_golden_pd_rendering_and_refuses_bad_flags():
+    processes = []
+    for n, line in enumerate(GOLDEN.read_text().splitlines()):
+        words = shlex.split(line)
+        while "=" in words[0] and not words[0].startswith("-"):  # VAR=value before the command
+            words.pop(0)
+        processes.append((f"golden line {n + 1}", words))
+    assert len(processes) == len(pd_rendering().processes)
+    head = processes[0][1]
+    bad = [*head[:3], "--max-num-seqs", "lots", "--enable-expert-paralel",
+           "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"both"}',
+           *head[3:]]
+    result = check_with_vllm([*processes, ("broken host 0", bad)])
+    assert result.skipped is None, result.skipped
+    assert result.vllm_version is not None and result.vllm_version.startswith("0.32")
+    assert [e for e in result.errors if e.process != "broken host 0"] == []
+    got = [(e.flag, e.message) for e in result.errors]
+    assert [flag for flag, _ in got] == ["--max-num-seqs", "--enable-expert-paralel",
+                                         "--kv-transfer-config"]
+    assert got[0][1] == "invalid int value: 'lots'"
+    assert "did you mean --enable-expert-parallel?" in got[1][1]
+    assert "kv_role" in got[2][1] and "\n" not in got[2][1]
+    assert str(result.errors[0]) == "broken host 0: --max-num-seqs: invalid int value: 'lots'"
+    assert isinstance(result.errors[0], FlagError)

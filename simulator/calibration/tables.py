@@ -7,7 +7,9 @@ Every price says where it came from.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -457,13 +459,53 @@ class Calibration:
 
 _LOADED: dict[tuple[str, str, str | None, str | None], Calibration] = {}
 
+CALIBRATION_ENV = "RACKPLAN_CALIBRATION_DIR"
+"""Environment variable naming a `rackplan calibrate` folder that load_calibration prefers
+when its caller gives none (so simulate, step, search and their worker processes all use it)."""
+
+
+def user_calibration_dir(user_dir: str | Path | None = None,
+                         name: str = "user_dir") -> Path | None:
+    """The user tables to prefer: `user_dir`, else $RACKPLAN_CALIBRATION_DIR, else none;
+    `name` is what an error calls `user_dir`."""
+    chosen = user_dir if user_dir is not None else os.environ.get(CALIBRATION_ENV) or None
+    if chosen is None:
+        return None
+    if not Path(chosen).is_dir():
+        given = name if user_dir is not None else CALIBRATION_ENV
+        raise SpecError(f"{given}={str(chosen)!r} is not a folder; give one written by "
+                        "`rackplan calibrate --out DIR`")
+    return Path(chosen)
+
+
+@contextmanager
+def calibration_dir(path: str | Path | None, name: str = "--calibration") -> Iterator[None]:
+    """While inside, load_calibration prefers the tables in `path` (None: leave as is)."""
+    if path is None:
+        yield
+        return
+    user_calibration_dir(path, name)  # a bad folder fails here, with its name
+    before = os.environ.get(CALIBRATION_ENV)
+    os.environ[CALIBRATION_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CALIBRATION_ENV, None)
+        else:
+            os.environ[CALIBRATION_ENV] = before
+
 
 def load_calibration(hardware: HardwareSpec, engine: str = "vllm", version: str | None = None,
                      user_dir: str | Path | None = None) -> Calibration:
-    """The calibration of one hardware and engine, shared by every caller in the process."""
+    """The calibration of one hardware and engine, shared by every caller in the process.
+
+    `user_dir` (default: $RACKPLAN_CALIBRATION_DIR) holds tables written by `rackplan
+    calibrate`, preferred over the shipped ones."""
     if engine not in ENGINES:
         raise SpecError(f"engine={engine!r} is not one of {', '.join(ENGINES)}")
-    key = (hardware.name, engine, version, str(user_dir) if user_dir else None)
+    user = user_calibration_dir(user_dir)
+    key = (hardware.name, engine, version, str(user) if user else None)
     if key not in _LOADED:
-        _LOADED[key] = Calibration(hardware, engine, version, Path(user_dir) if user_dir else None)
+        _LOADED[key] = Calibration(hardware, engine, version, user)
     return _LOADED[key]

@@ -5,23 +5,41 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean engine browser screenshots
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,ui,kernels]'
 	@touch $(STAMP)
 
 install: $(STAMP)
 
+# The real engine for the local backend and its tests: vLLM's CPU build in .venv-engine and the
+# tiny-moe model it serves (executor/engine_env.sh and executor/tinymodel.py; both keep a stamp,
+# so a second run returns at once).
+ENGINE_VENV := .venv-engine
+
+engine:
+	@PYTHON=$(PYTHON) bash executor/engine_env.sh $(ENGINE_VENV)
+	@$(ENGINE_VENV)/bin/python executor/tinymodel.py $(ENGINE_VENV)/models/tiny-moe
+
+# The browser test and the README screenshots drive Debian's Chromium (never a downloaded one).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+screenshots: $(STAMP) browser
+	$(BIN)/python -m app.screenshots
+
 demo: $(STAMP)
 	$(BIN)/rackplan search
 
-test: $(STAMP)
+test: $(STAMP) engine browser
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(ENGINE_VENV)

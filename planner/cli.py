@@ -20,10 +20,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from app.cli import register as register_ui
+from executor.cli import register as register_executor
+from kernels.cli import register as register_calibrate
 from planner import defaults
 from simulator.specs.errors import SpecError
 
 EXIT_BAD_INPUT = 2
+CALIBRATION_HELP = ("tables written by `rackplan calibrate --out DIR`, preferred over the shipped "
+                    "ones (default: $RACKPLAN_CALIBRATION_DIR, else none)")
 
 
 def _console() -> Console:
@@ -343,6 +348,18 @@ def _progress(label: str, total: float) -> Iterator[Callable[[float], None]]:
         yield advance
 
 
+@contextmanager
+def _calibration(args: argparse.Namespace) -> Iterator[None]:
+    """--calibration DIR: load_calibration prefers those tables while the command runs."""
+    if getattr(args, "calibration", None) is None:
+        yield
+        return
+    from simulator.calibration.tables import calibration_dir
+
+    with calibration_dir(args.calibration):
+        yield
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rackplan",
@@ -366,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=4096,
                    help="decode: KV length per request; prefill: prompt tokens per request "
                         "(default 4096)")
+    p.add_argument("--calibration", metavar="DIR", help=CALIBRATION_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_step)
 
@@ -376,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-only", action="store_true",
                    help="leave out the serving stack's fitted fixed latencies (API server, P/D "
                         "handoff) and time the engine alone")
+    p.add_argument("--calibration", metavar="DIR", help=CALIBRATION_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_simulate)
 
@@ -427,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "(default runs/validate.csv)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_validate)
+    register_ui(sub)
+    register_executor(sub)
+    register_calibrate(sub)
     return parser
 
 
@@ -435,7 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        with _calibration(args):
+            return func(args)
     except SpecError as e:
         print(f"rackplan: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,0 +1,198 @@
+"""The search page's work: a search from the form's values, run with progress, and what the page
+shows of it (the Pareto chart's points, the table of top plans, the difference of two plans,
+plan.yaml).
+
+The search is `rackplan search`'s own loop (`planner.search.run_search`) with the same storage
+semantics: a study is named after what defines it, so running the same search again resumes it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from app.formatting import flatten, show
+from planner.objectives import SLO, merge_slos, metric_value, parse_slo
+from planner.plan import Summary, build_plan, describe, summarize
+from planner.search import SearchConfig, finished, records, run_search
+from planner.space import LAYOUTS, build_space
+from planner.storage import redact
+from simulator.specs.errors import SpecError
+from simulator.specs.workload import Workload
+
+SearchProgress = Callable[[int, int, str], None]
+"""Called after each trial with the finished trials, the target, and the best plan so far."""
+
+DIFF_METRICS = ("throughput_tok_s_gpu", "output_tok_s_gpu", "ttft_p50_ms", "ttft_p90_ms",
+                "tpot_p50_ms", "tpot_p90_ms", "tok_s_user_p50", "tok_s_user_p90",
+                "cost_per_mtok_usd")
+"""Metrics every plan diff lists, whether or not they differ."""
+
+
+@dataclass(frozen=True)
+class SearchForm:
+    """What the search form holds."""
+
+    model: str
+    hardware: str
+    gpus: int
+    workload: Workload
+    ttft_p90_ms: float = 0.0
+    """Upper bound on P90 TTFT; 0: none."""
+    tok_s_user_p90: float = 0.0
+    """Lower bound on P90 tokens/s per user; 0: none."""
+    extra_slos: str = ""
+    """More SLOs, one NAME=VALUE per line (as `rackplan search --slo`)."""
+    objective: str = "slo"
+    trials: int = 30
+    seed: int = 0
+    layouts: tuple[str, ...] = LAYOUTS
+    storage: str = "sqlite:///runs/rackplan.db"
+    study: str = ""
+    """Study name; empty: derived from the search, so the same search resumes."""
+
+
+def slos_of(form: SearchForm) -> tuple[SLO, ...]:
+    """The form's SLOs, one per metric (a line of extra_slos overrides the fields above it)."""
+    slos = [SLO("ttft_p90_ms", form.ttft_p90_ms)] if form.ttft_p90_ms > 0 else []
+    if form.tok_s_user_p90 > 0:
+        slos.append(SLO("tok_s_user_p90", form.tok_s_user_p90))
+    slos += [parse_slo(line) for line in form.extra_slos.splitlines() if line.strip()]
+    return merge_slos(slos)
+
+
+def search_config(form: SearchForm) -> SearchConfig:
+    """The SearchConfig of the form; SpecError naming a bad value."""
+    if not form.layouts:
+        raise SpecError(f"pick at least one layout: {', '.join(LAYOUTS)}")
+    if form.trials < 1:
+        raise SpecError(f"trials={form.trials} must be >= 1")
+    if not form.storage.strip():
+        raise SpecError("storage is empty; give sqlite:///PATH, another Optuna RDB URL, or "
+                        "journal:PATH")
+    return SearchConfig(
+        space=build_space(form.model, form.hardware, form.gpus, layouts=tuple(form.layouts)),
+        workload=form.workload, slos=slos_of(form), objective=form.objective,
+        trials=form.trials, seed=form.seed, storage=form.storage.strip(),
+        study=form.study.strip() or None)
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """A finished search and what the page shows of it."""
+
+    config: SearchConfig
+    summary: Summary
+    records: list[dict[str, Any]]
+    """Every finished trial's record (with its number)."""
+    plan: dict[str, Any] | None
+    """plan.yaml of the chosen plan; None when no plan met the SLOs."""
+    study: str
+    storage: str
+    """The storage URL with any password hidden."""
+    ran: int
+    """Trials this run added (0: the study already held them all)."""
+    wall_s: float
+
+
+def best_text(summary: Summary) -> str:
+    """The best plan so far, in a few words."""
+    best = summary.best
+    if best is None:
+        return "no plan meets the SLOs yet"
+    return (f"best {metric_value(best['metrics'], 'throughput_tok_s_gpu') or 0:,.0f} tok/s/GPU "
+            f"(trial {best['number']})")
+
+
+def run(config: SearchConfig, progress: SearchProgress | None = None) -> SearchOutcome:
+    """Run the search to `config.trials` finished trials and summarize it."""
+    start = time.monotonic()
+    counted: list[int] = []
+
+    def report(done: int, trials: list[Any]) -> None:
+        counted.append(done)
+        if progress is not None:
+            progress(done, config.trials, best_text(summarize(records(trials), config.slos)))
+
+    study = run_search(config, progress=report)
+    recs = records(finished(study))
+    summary = summarize(recs, config.slos)
+    name, storage = config.study_name(), redact(config.storage)
+    plan = None
+    if summary.best is not None:
+        plan = build_plan(summary, config.workload, config.slos, config.objective, config.seed,
+                          name, storage)
+    return SearchOutcome(config, summary, recs, plan, name, storage, ran=len(counted),
+                         wall_s=time.monotonic() - start)
+
+
+def simulated(recs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Distinct simulated deployments, each once (its first trial), by trial number."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in sorted((r for r in recs if r["stage"] == "simulated"), key=lambda r: r["number"]):
+        seen.setdefault(json.dumps(r["deployment"], sort_keys=True), dict(r))
+    return list(seen.values())
+
+
+def front_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
+    """One point per simulated plan for the Pareto chart."""
+    front = {r["number"] for r in outcome.summary.pareto}
+    return [{"trial": r["number"], "label": describe(r["deployment"]),
+             "throughput": metric_value(r["metrics"], "throughput_tok_s_gpu") or 0.0,
+             "user": metric_value(r["metrics"], "tok_s_user_p50") or 0.0,
+             "feasible": bool(r.get("meets_slo")), "front": r["number"] in front}
+            for r in simulated(outcome.records)]
+
+
+def top_plans(outcome: SearchOutcome, n: int = 10) -> list[dict[str, Any]]:
+    """Table rows of the simulated plans, those meeting the SLOs first, by throughput per GPU."""
+    front = {r["number"] for r in outcome.summary.pareto}
+    chosen = outcome.summary.best["number"] if outcome.summary.best else None
+    rows = sorted(simulated(outcome.records), key=lambda r: (
+        not r.get("meets_slo"), -(metric_value(r["metrics"], "throughput_tok_s_gpu") or 0.0),
+        r["number"]))
+    out = []
+    for r in rows[:n]:
+        m = r["metrics"]
+        out.append({
+            "trial": r["number"],
+            "plan": ("★ " if r["number"] == chosen else "") + describe(r["deployment"]),
+            "GPUs": m.get("gpus"),
+            "meets SLOs": bool(r.get("meets_slo")),
+            "Pareto": r["number"] in front,
+            "tok/s/GPU": _round(metric_value(m, "throughput_tok_s_gpu"), 0),
+            "tok/s/user p50": _round(metric_value(m, "tok_s_user_p50"), 1),
+            "tok/s/user p90": _round(metric_value(m, "tok_s_user_p90"), 1),
+            "TTFT p90 ms": _round(metric_value(m, "ttft_p90_ms"), 0),
+            "TPOT p90 ms": _round(metric_value(m, "tpot_p90_ms"), 1),
+        })
+    return out
+
+
+def _round(v: float | None, digits: int) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def plan_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rows comparing two trial records: every deployment key that differs, then the headline
+    metrics."""
+    da, db = flatten(a["deployment"]), flatten(b["deployment"])
+    rows = [{"what": f"deployment.{k}", "A": show(da.get(k)), "B": show(db.get(k))}
+            for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
+    for k in DIFF_METRICS:
+        va, vb = metric_value(a["metrics"], k), metric_value(b["metrics"], k)
+        rows.append({"what": k, "A": show(va), "B": show(vb)})
+    return rows
+
+
+def plan_yaml(plan: Mapping[str, Any]) -> str:
+    """plan.yaml's text (what `write_plan` writes, without the header comment)."""
+    buf = io.StringIO()
+    yaml.safe_dump(json.loads(json.dumps(plan)), buf, sort_keys=False, width=100)
+    return buf.getvalue()

@@ -1,0 +1,165 @@
+"""Deploy page: a plan's `vllm serve` processes, its files for a target (dry run), a local
+launch with live instance status, and a benchmark against the prediction."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import streamlit as st
+
+from app.deploying import (
+    TARGETS,
+    LocalDeploy,
+    PlanSource,
+    command_lines,
+    command_rows,
+    comparison_rows,
+    dry_run,
+    instance_status,
+    read_plan_path,
+    read_plan_text,
+    render_for,
+    start_bench,
+)
+from app.widgets import PEOPLE_ERRORS, errors_shown, message
+from executor.render import Rendered
+from planner.plan import describe
+from simulator.specs.loading import dump_deployment
+
+P = "dp"
+FROM_SEARCH, UPLOAD, PATH = "from the Search page", "upload a file", "a path on this machine"
+
+
+def choose_source() -> PlanSource | None:
+    kind = st.radio("Plan", [FROM_SEARCH, UPLOAD, PATH], horizontal=True, key=f"{P}_source",
+                    help="A plan.yaml from `rackplan search`, or a deployment YAML")
+    with errors_shown():
+        if kind == FROM_SEARCH:
+            plan: PlanSource | None = st.session_state.get("plan")
+            if plan is None:
+                st.info("No plan yet: run a search on the Search page, or upload a plan.")
+            return plan
+        if kind == UPLOAD:
+            f = st.file_uploader("plan.yaml or deployment YAML", type=["yaml", "yml"],
+                                 key=f"{P}_upload")
+            return None if f is None else read_plan_text(
+                f.getvalue().decode("utf-8", errors="replace"), f.name)
+        path = st.text_input("Path of a plan.yaml or deployment YAML", "", key=f"{P}_path",
+                             placeholder="examples/deepseek-v3-h200-pd.yaml")
+        return read_plan_path(path) if path.strip() else None
+    return None
+
+
+def show_rendered(target: str, rendered: Rendered) -> None:
+    st.dataframe(command_rows(rendered), hide_index=True, key=f"{P}_procs")
+    st.code("\n\n".join(command_lines(target, rendered)), language="bash", wrap_lines=True)
+    st.markdown("**P/D proxy**")
+    st.json(rendered.router, expanded=False)
+
+
+def deploy(target: str, source: PlanSource, rendered: Rendered, model: str | None,
+           run_dir: Path, timeout_s: float) -> None:
+    with errors_shown():
+        if target != "local":
+            paths = dry_run(target, rendered, run_dir)
+            st.session_state["dryrun"] = (target, [str(p) for p in paths])
+            return
+        running = st.session_state.get("deploy")
+        if running is not None and running.job.phase not in ("failed", "stopped"):
+            st.warning("A local deployment is already up; tear it down first.")
+            return
+        job = LocalDeploy(source.deployment, model, run_dir, timeout_s)
+        job.start()
+        st.session_state["deploy"] = job
+        st.session_state.pop("bench", None)
+
+
+def show_dry_run() -> None:
+    target, paths = st.session_state["dryrun"]
+    st.markdown(f"**{target} files (dry run: nothing was started)**")
+    for p in paths:
+        with st.expander(p):
+            text = Path(p).read_text(encoding="utf-8", errors="replace") if Path(p).is_file() \
+                else "(a folder)"
+            st.code(text, language="yaml" if p.endswith((".yaml", ".yml")) else "bash")
+
+
+def _teardown() -> None:
+    """Button callback (runs before the page is drawn again)."""
+    dep: LocalDeploy | None = st.session_state.get("deploy")
+    if dep is not None:
+        try:
+            dep.teardown()
+        except PEOPLE_ERRORS as e:
+            st.session_state["deploy_error"] = message(e)
+
+
+def _bench() -> None:
+    """Button callback: benchmark the running deployment in a worker thread."""
+    dep: LocalDeploy | None = st.session_state.get("deploy")
+    source: PlanSource | None = st.session_state.get("deploy_source")
+    if dep is None or source is None:
+        return
+    try:
+        st.session_state["bench"] = start_bench(source, dep.url, dep.run_dir)
+    except PEOPLE_ERRORS as e:
+        st.session_state["deploy_error"] = message(e)
+
+
+def live_status() -> None:
+    dep: LocalDeploy | None = st.session_state.get("deploy")
+    if dep is None:
+        return
+    job = dep.job
+    st.markdown(f"**Local deployment:** {job.phase}")
+    for error in (job.error, st.session_state.pop("deploy_error", None)):
+        if error:
+            st.error(error, icon="⚠️")
+    st.dataframe(instance_status(dep.rendered), hide_index=True)
+    st.code("\n".join(job.log[-20:]) or "(no events yet)", language="text")
+    c1, c2 = st.columns(2)
+    c1.button("Tear down", key=f"{P}_teardown", on_click=_teardown,
+              disabled=job.phase == "stopped")
+    c2.button("Run benchmark", key=f"{P}_bench", on_click=_bench, disabled=job.phase != "ready")
+    bench = st.session_state.get("bench")
+    if bench is not None:
+        st.markdown(f"**Benchmark:** {bench.phase}")
+        if bench.error:
+            st.error(bench.error, icon="⚠️")
+        elif bench.result is not None:
+            rows = comparison_rows(bench.result)
+            if rows:
+                st.dataframe(rows, hide_index=True)
+            else:
+                st.write(bench.result)
+
+
+st.title("Deploy")
+st.caption("Render a plan as `vllm serve` processes; launch it here, or write the files for "
+           "Kubernetes or Slurm.")
+source = choose_source()
+if source is not None:
+    st.caption(f"{describe(dump_deployment(source.deployment))} · from {source.origin}")
+    c1, c2, c3, c4 = st.columns(4)
+    target = str(c1.selectbox("Target", TARGETS, key=f"{P}_target"))
+    model_path = c2.text_input("Model to serve (path or Hugging Face id; empty: the plan's)",
+                               "", key=f"{P}_model")
+    run_root = c3.text_input("Run folder", "runs", key=f"{P}_runs")
+    timeout = c4.number_input("Ready timeout (s)", 10, 7200, 1800, key=f"{P}_timeout")
+    rendered = None
+    with errors_shown():
+        rendered = render_for(source.deployment, target, model_path.strip() or None)
+    if rendered is not None:
+        show_rendered(target, rendered)
+        label = "Deploy" if target == "local" else "Deploy (dry run: write the files)"
+        if st.button(label, type="primary", key=f"{P}_deploy"):
+            st.session_state["deploy_source"] = source
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            deploy(target, source, rendered, model_path.strip() or None,
+                   Path(run_root) / f"ui-{target}-{stamp}", float(timeout))
+if "dryrun" in st.session_state:
+    show_dry_run()
+deployment = st.session_state.get("deploy")
+every = 2.0 if deployment is not None and deployment.job.phase != "stopped" else None
+st.fragment(live_status, run_every=every)()

@@ -1,0 +1,127 @@
+"""Search page: SLOs and a GPU budget in, the Pareto front and the top plans out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import streamlit as st
+
+from app import charts
+from app.deploying import plan_source
+from app.searching import (
+    SearchForm,
+    SearchOutcome,
+    front_points,
+    plan_diff,
+    plan_yaml,
+    run,
+    search_config,
+    top_plans,
+)
+from app.widgets import errors_shown, model_and_hardware, with_status, workload_input
+from planner import defaults
+from planner.plan import describe
+from planner.space import LAYOUTS
+from simulator.specs.workload import Workload
+
+P = "se"
+
+
+def inputs() -> Callable[[], SearchForm]:
+    with st.expander("What to plan", expanded=True):
+        model, hardware = model_and_hardware(P, defaults.MODEL, defaults.HARDWARE)
+        gpus = st.number_input("GPU budget", 1, 100_000, defaults.GPUS, key=f"{P}_gpus",
+                               help="A plan may use at most this many GPUs")
+    with st.expander("Workload", expanded=True):
+        build_workload = workload_input(P, default_requests=300,
+                                        default_source=defaults.WORKLOAD)
+    with st.expander("SLOs and search", expanded=True):
+        c1, c2, c3 = st.columns(3)
+        slo = {s.metric: s.value for s in defaults.SLOS}
+        ttft = c1.number_input("TTFT p90 at most (ms; 0: none)", 0.0, 1e7,
+                               slo.get("ttft_p90_ms", 0.0), key=f"{P}_ttft")
+        user = c2.number_input("tok/s/user p90 at least (0: none)", 0.0, 1e5,
+                               slo.get("tok_s_user_p90", 0.0), key=f"{P}_user")
+        objective = c3.radio("Objective", ["slo", "pareto"], horizontal=True,
+                             key=f"{P}_objective",
+                             help="slo: most throughput per GPU within the SLOs; pareto: the "
+                                  "front of throughput per GPU vs tokens/s per user")
+        extra = st.text_area("More SLOs, one NAME=VALUE per line (e.g. tpot_p90_ms=50)", "",
+                             key=f"{P}_extra", height=68)
+        c4, c5, c6 = st.columns(3)
+        trials = c4.number_input("Trials", 1, 10_000, 30, key=f"{P}_trials")
+        seed = c5.number_input("Sampler seed", 0, 2**31 - 1, 0, key=f"{P}_seed")
+        layouts = c6.multiselect("Layouts", list(LAYOUTS), list(LAYOUTS), key=f"{P}_layouts")
+    with st.expander("Storage"):
+        storage = st.text_input("Optuna storage (the same search resumes)", defaults.STORAGE,
+                                key=f"{P}_storage")
+        study = st.text_input("Study name (empty: derived from the search)", "",
+                              key=f"{P}_study")
+
+    def form() -> SearchForm:
+        workload: Workload = build_workload()
+        return SearchForm(model=model, hardware=hardware, gpus=int(gpus), workload=workload,
+                          ttft_p90_ms=float(ttft), tok_s_user_p90=float(user),
+                          extra_slos=str(extra), objective=str(objective), trials=int(trials),
+                          seed=int(seed), layouts=tuple(layouts), storage=str(storage),
+                          study=str(study))
+
+    return form
+
+
+def search(form: Callable[[], SearchForm]) -> None:
+    with errors_shown():
+        config = search_config(form())
+        outcome = with_status(
+            f"Searching {config.trials} trials",
+            lambda advance: run(config, progress=lambda done, total, best: advance(
+                done / total, f"trial {done} of {total} · {best}")),
+            lambda o: (f"{o.summary.trials} trials, {o.summary.simulations} simulated, "
+                       f"{o.summary.feasible} meet the SLOs ({o.wall_s:.1f} s)"))
+        if outcome is not None:
+            st.session_state["search"] = outcome
+            if outcome.plan is not None:
+                st.session_state["plan"] = plan_source(outcome.plan, "the Search page")
+
+
+def results(o: SearchOutcome) -> None:
+    s = o.summary
+    st.subheader("Results")
+    slos = ", ".join(str(x) for x in o.config.slos) or "none"
+    st.caption(f"study {o.study} in {o.storage} · {s.trials} trials: {s.rejected} rejected, "
+               f"{s.screened_out} screened out, {s.simulations} simulated, {s.feasible} meet "
+               f"the SLOs ({slos})" + ("" if o.ran else " · resumed: the study already held "
+                                       "these trials"))
+    chosen = s.best["number"] if s.best else None
+    if s.best is None:
+        near = s.closest
+        hint = f" Closest: {describe(near['deployment'])}." if near else ""
+        st.warning(f"No plan met the SLOs.{hint} Relax the SLOs or raise the trials.")
+    else:
+        st.success(f"Chosen plan (trial {chosen}): {describe(s.best['deployment'])}")
+    st.plotly_chart(charts.pareto_figure(front_points(o), chosen), key="se_front")
+    rows = top_plans(o)
+    st.markdown("**Top plans**")
+    st.dataframe(rows, hide_index=True, key="se_table")
+    trials = [r["trial"] for r in rows]
+    if len(trials) >= 2:
+        st.markdown("**Compare two plans**")
+        c1, c2 = st.columns(2)
+        a = c1.selectbox("Plan A (trial)", trials, index=0, key="se_diff_a")
+        b = c2.selectbox("Plan B (trial)", trials, index=1, key="se_diff_b")
+        by_trial = {r["number"]: r for r in o.records}
+        st.dataframe(plan_diff(by_trial[a], by_trial[b]), hide_index=True, key="se_diff")
+    if o.plan is not None:
+        st.download_button("Download plan.yaml", plan_yaml(o.plan), file_name="plan.yaml",
+                           mime="application/x-yaml", key="se_download")
+        st.caption("The chosen plan is ready on the Deploy page.")
+
+
+st.title("Search")
+st.caption("Find the deployments with the most throughput per GPU that meet the SLOs within a "
+           "GPU budget (the same search as `rackplan search`).")
+build_form = inputs()
+if st.button("Run search", type="primary", key=f"{P}_run"):
+    search(build_form)
+if "search" in st.session_state:
+    results(st.session_state["search"])

@@ -1,0 +1,128 @@
+"""What-if page: one deployment, one workload, one simulation, and its charts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import streamlit as st
+
+from app import charts
+from app.inputs import DEFAULT_ROLES, LAYOUT_LABELS, DeploymentKnobs, RoleKnobs, build_deployment
+from app.whatif import WhatIf, metric_cards, run_whatif, throughput_series
+from app.widgets import errors_shown, model_and_hardware, with_status, workload_input
+from app.widgets import metric_cards as show_cards
+from planner.plan import describe
+from simulator.specs.loading import dump_deployment
+from simulator.specs.workload import Workload
+
+P = "wi"
+
+
+def role_inputs(role: str) -> RoleKnobs:
+    """The knobs of one role, in a column."""
+    d = DEFAULT_ROLES[role]
+    st.markdown(f"**{role}**")
+    k = f"{P}_{role}"
+    instances = st.number_input("Instances", 1, 4096, d.instances, key=f"{k}_instances")
+    dep = st.number_input("DEP (ranks per instance)", 1, 1024, d.dep, key=f"{k}_dep")
+    redundant = st.number_input("Redundant experts", 0, 4096, d.redundant_experts,
+                                key=f"{k}_redundant",
+                                help="EPLB slots per MoE layer; (experts + R) % DEP must be 0")
+    seqs = st.number_input("max_num_seqs (per rank)", 1, 65536, d.max_num_seqs,
+                           key=f"{k}_seqs")
+    mnbt = st.number_input("max_num_batched_tokens (per rank)", 1, 1_048_576,
+                           d.max_num_batched_tokens, key=f"{k}_mnbt")
+    mtp, acceptance = 0, d.mtp_acceptance
+    if role != "prefill":
+        mtp = st.number_input("MTP draft tokens (0: off)", 0, 8, d.mtp_tokens, key=f"{k}_mtp")
+        acceptance = st.number_input("MTP acceptance", 0.0, 1.0, d.mtp_acceptance,
+                                     key=f"{k}_acceptance")
+    return RoleKnobs(instances=int(instances), dep=int(dep), redundant_experts=int(redundant),
+                     max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
+                     mtp_tokens=int(mtp), mtp_acceptance=float(acceptance))
+
+
+def inputs() -> tuple[DeploymentKnobs, Callable[[], Workload]]:
+    with st.expander("Model and hardware", expanded=True):
+        model, hardware = model_and_hardware(P)
+        c1, c2, c3, c4 = st.columns(4)
+        engine = c1.selectbox("Engine tables", ["vllm", "sglang", "trtllm"], key=f"{P}_engine")
+        weights = c2.selectbox("Weights", ["fp8", "bf16", "fp4"], key=f"{P}_weights")
+        kv = c3.selectbox("KV cache", ["fp8", "bf16"], key=f"{P}_kv")
+        budget = c4.number_input("GPU budget (0: what the roles use)", 0, 100_000, 0,
+                                 key=f"{P}_budget",
+                                 help="Cluster size; throughput per GPU counts all of them")
+    with st.expander("Workload", expanded=True):
+        build_workload = workload_input(P)
+    with st.expander("Deployment", expanded=True):
+        layout = st.radio("Layout", list(LAYOUT_LABELS), format_func=LAYOUT_LABELS.__getitem__,
+                          horizontal=True, key=f"{P}_layout")
+        names = ("prefill", "decode") if layout == "pd" else ("aggregated",)
+        cols = st.columns(len(names))
+        roles = {}
+        for col, name in zip(cols, names, strict=True):
+            with col:
+                roles[name] = role_inputs(name)
+    knobs = DeploymentKnobs(model=model, hardware=hardware, engine=str(engine),
+                            weights=str(weights), kv_cache=str(kv), gpu_budget=int(budget),
+                            layout=layout, roles=roles)
+    return knobs, build_workload
+
+
+def simulate(knobs: DeploymentKnobs, build_workload: Callable[[], Workload]) -> None:
+    with errors_shown():
+        deployment = build_deployment(knobs)
+        workload = build_workload()
+        outcome = with_status(
+            f"Simulating {workload.requests:,} requests on {deployment.gpus_used} GPUs",
+            lambda advance: run_whatif(deployment, workload, progress=lambda share: advance(
+                share, f"{share:.0%} of requests done")),
+            lambda w: f"Simulated {w.result.completed:,} requests in {w.wall_s:.1f} s")
+        if outcome is not None:
+            st.session_state["whatif"] = outcome
+
+
+def results(w: WhatIf) -> None:
+    m = w.metrics
+    st.subheader("Results")
+    st.caption(f"{describe(dump_deployment(w.deployment))} · {m['completed']:,} requests in "
+               f"{m['duration_s']:.1f} simulated s on {m['gpus']} GPUs · "
+               f"simulated in {w.wall_s:.1f} s")
+    show_cards(metric_cards(m))
+    tabs = st.tabs(["Latency", "Throughput", "Timelines", "Step time", "Experts", "JSON"])
+    with tabs[0]:
+        st.plotly_chart(charts.latency_histograms(w.result, m), key="wi_lat")
+    with tabs[1]:
+        t, v = throughput_series(w.result)
+        st.plotly_chart(charts.throughput_figure(t, v, m["output_tok_s_gpu"]), key="wi_tput")
+        st.caption("Output tokens per second per GPU, from each decode step's share of the "
+                   "request-steps; its average over the run is the reported output per GPU.")
+    with tabs[2]:
+        st.plotly_chart(charts.timelines_figure(w.result), key="wi_tl")
+    with tabs[3]:
+        st.plotly_chart(charts.breakdown_figure(w.steps, m["step_breakdown"]), key="wi_step")
+        for step in w.steps.values():
+            st.caption(f"{step.role}: {step.step.total_ms:.2f} ms for {step.batch} "
+                       f"(priced from {step.step.source} data)")
+    with tabs[4]:
+        if not w.experts:
+            st.info("No expert-parallel role: the model is dense or no role splits experts.")
+        for view in w.experts.values():
+            layer = st.slider(f"{view.role}: MoE layer", 0, view.before.shape[0] - 1, 0,
+                              key=f"wi_layer_{view.role}")
+            st.plotly_chart(charts.expert_figure(view, int(layer)), key=f"wi_exp_{view.role}")
+            st.caption(f"{view.role}: imbalance (max-mean)/mean over all MoE layers "
+                       f"{view.imbalance_before:.3f} before EPLB, {view.imbalance_after:.3f} "
+                       f"after, with {view.redundant} redundant experts on {view.ranks} ranks.")
+    with tabs[5]:
+        st.json(m)
+
+
+st.title("What-if")
+st.caption("Pick a model, hardware, traffic and a deployment; the discrete-event simulator "
+           "predicts what it serves.")
+knobs, build_workload = inputs()
+if st.button("Run simulation", type="primary", key=f"{P}_run"):
+    simulate(knobs, build_workload)
+if "whatif" in st.session_state:
+    results(st.session_state["whatif"])

@@ -1,0 +1,298 @@
+"""The UI's plain functions: forms to specs, what a simulation shows, search tables, deploy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app import charts
+from app.deploying import (
+    LocalDeploy,
+    command_rows,
+    comparison_rows,
+    head_urls,
+    instance_status,
+    plan_source,
+    read_plan_path,
+    read_plan_text,
+    render_for,
+)
+from app.inputs import (
+    DEFAULT_ROLES,
+    CustomTraffic,
+    DeploymentKnobs,
+    RoleKnobs,
+    build_deployment,
+    custom_workload,
+    preset_workload,
+    save_trace,
+    trace_workload,
+)
+from app.searching import (
+    SearchForm,
+    SearchOutcome,
+    front_points,
+    plan_diff,
+    search_config,
+    slos_of,
+    top_plans,
+)
+from app.whatif import (
+    downsample,
+    linear_placement,
+    metric_cards,
+    run_whatif,
+    throughput_series,
+)
+from planner.objectives import SLO
+from planner.plan import summarize
+from planner.search import SearchConfig
+from planner.space import build_space
+from simulator.des import Timeline
+from simulator.eplb import identity_placement
+from simulator.resolve import resolve
+from simulator.specs.errors import SpecError
+from simulator.specs.loading import load_deployment
+from simulator.specs.workload import Workload
+from tests.app.fakes import FakeBackend
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "deepseek-v3-h200-pd.yaml"
+TRACE = ROOT / "tests" / "data" / "mooncake_conversation_50.jsonl"
+SMALL = CustomTraffic(requests=200, concurrency=128, input_tokens=2000, output_tokens=200)
+
+
+# --- forms -> specs ----------------------------------------------------------------------------
+
+
+def test_default_knobs_are_the_example_deployment() -> None:
+    assert build_deployment(DeploymentKnobs()) == load_deployment(EXAMPLE)
+
+
+def test_aggregated_knobs_and_mtp() -> None:
+    roles = {**DEFAULT_ROLES, "aggregated": RoleKnobs(instances=2, dep=16, redundant_experts=16,
+                                                      mtp_tokens=2, mtp_acceptance=0.6)}
+    d = build_deployment(DeploymentKnobs(layout="aggregated", gpu_budget=40, roles=roles))
+    assert d.aggregated is not None and d.prefill is None and d.gpus == 40
+    assert d.aggregated.speculative is not None and d.aggregated.speculative.tokens == 2
+    assert d.gpus_used == 32
+
+
+def test_bad_knobs_name_the_value() -> None:
+    roles = {**DEFAULT_ROLES, "prefill": RoleKnobs(instances=4, dep=8, redundant_experts=1)}
+    with pytest.raises(SpecError, match=r"dep=8 must divide routed\+redundant"):
+        resolve(build_deployment(DeploymentKnobs(roles=roles)))
+    with pytest.raises(SpecError, match="gpus=8"):
+        build_deployment(DeploymentKnobs(gpu_budget=8))
+
+
+def test_custom_traffic() -> None:
+    w = custom_workload(CustomTraffic(arrival="poisson", rate=3.0, spread=0.5, requests=10))
+    assert w.arrival.kind == "poisson" and w.requests == 10
+    assert w.input_tokens.kind == "lognormal" and w.output_tokens.kind == "lognormal"
+    assert custom_workload(SMALL).input_tokens.kind == "fixed"
+    with pytest.raises(SpecError, match="concurrency=0 must be >= 1"):
+        custom_workload(CustomTraffic(concurrency=0))
+
+
+def test_presets_and_traces(tmp_path: Path) -> None:
+    w = preset_workload("agentic", requests=50, seed=3)
+    assert (w.requests, w.seed) == (50, 3) and w.sessions is not None
+    with pytest.raises(SpecError, match="presets: agentic"):
+        preset_workload("nope")
+    path = save_trace("my trace.jsonl", TRACE.read_bytes(), tmp_path)
+    assert path.name == "my_trace.jsonl"
+    assert trace_workload(path, 20).arrival.kind == "trace"
+    with pytest.raises(SpecError, match=r"\.jsonl"):
+        save_trace("trace.txt", b"", tmp_path)
+    bad = save_trace("bad.csv", b"timestamp,input_length\n0,5\n", tmp_path)
+    with pytest.raises(SpecError, match="output_length"):
+        trace_workload(bad, 10)
+
+
+# --- what-if -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def whatif() -> Any:
+    return run_whatif(load_deployment(EXAMPLE), custom_workload(SMALL))
+
+
+def test_whatif_matches_the_simulation(whatif: Any) -> None:
+    m = whatif.metrics
+    assert m["completed"] == 200 and m["gpus"] == 72
+    cards = {c.label: c.value for c in metric_cards(m)}
+    assert cards["Throughput / GPU"] == f"{m['throughput_tok_s_gpu']:,.0f} tok/s"
+    assert cards["TTFT p90"] == f"{m['ttft_ms']['p90']:,.0f} ms"
+    assert cards["tok/s/user p50"] == f"{m['tok_s_user']['p50']:,.1f}"
+
+
+def test_throughput_series_averages_to_the_reported_output(whatif: Any) -> None:
+    t, v = throughput_series(whatif.result, bins=40)
+    assert len(t) == len(v) == 40 and (v >= 0).all()
+    width = whatif.result.duration_s / 40
+    assert v.sum() * width / whatif.result.duration_s == pytest.approx(
+        whatif.metrics["output_tok_s_gpu"], rel=1e-9)
+
+
+def test_expert_load_is_the_simulators(whatif: Any) -> None:
+    assert set(whatif.experts) == {"prefill", "decode"}
+    for role, view in whatif.experts.items():
+        assert view.before.shape == view.after.shape == (58, view.ranks)
+        np.testing.assert_allclose(view.after.sum(axis=1), 1.0)
+        assert view.imbalance_after == pytest.approx(
+            whatif.result.instances[f"{role}-0"].expert_imbalance)
+        assert view.imbalance_before > 3 * view.imbalance_after
+
+
+def test_step_views_price_each_role(whatif: Any) -> None:
+    assert set(whatif.steps) == {"prefill", "decode"}
+    for view in whatif.steps.values():
+        assert view.step.total_ms > 0
+        assert sum(view.step.breakdown.values()) == pytest.approx(view.step.total_ms)
+
+
+def test_linear_placement() -> None:
+    none = linear_placement(3, 8, 0)
+    ident = identity_placement(3, 8)
+    np.testing.assert_array_equal(none.phy2log, ident.phy2log)
+    p = linear_placement(2, 8, 4)
+    assert p.slots == 12 and list(p.replicas[0]) == [2, 2, 2, 2, 1, 1, 1, 1]
+    assert sorted(p.log2phy[0, 0]) == [0, 8]
+
+
+def test_downsample_keeps_the_ends() -> None:
+    n = 10_001
+    t = Timeline(np.arange(n, dtype=float), np.zeros(n, np.int64), np.arange(n), np.zeros(n))
+    d = downsample(t, 1000)
+    assert len(d.time) <= 1001 and d.time[0] == 0 and d.time[-1] == n - 1
+    assert downsample(t, n) is t
+
+
+def test_charts(whatif: Any) -> None:
+    r, m = whatif.result, whatif.metrics
+    assert len(charts.timelines_figure(r).data) == 3 * len(r.timelines)
+    assert len(charts.latency_histograms(r, m).data) == 2
+    assert len(charts.breakdown_figure(whatif.steps, m["step_breakdown"]).data) == 6
+    fig = charts.expert_figure(whatif.experts["decode"], 0)
+    assert [len(tr.y) for tr in fig.data] == [40, 40]
+    t, v = throughput_series(r)
+    assert len(charts.throughput_figure(t, v, 1.0).data) == 1
+
+
+# --- search ------------------------------------------------------------------------------------
+
+
+def _form(**kw: Any) -> SearchForm:
+    return SearchForm(**{"model": "deepseek-v3", "hardware": "h200", "gpus": 32,
+                         "workload": Workload(requests=10), **kw})
+
+
+def test_search_form() -> None:
+    slos = slos_of(_form(ttft_p90_ms=2000, tok_s_user_p90=20, extra_slos="ttft_p90_ms=900\n"))
+    assert slos == (SLO("tok_s_user_p90", 20.0), SLO("ttft_p90_ms", 900.0))
+    with pytest.raises(SpecError, match="unknown metric 'nope'"):
+        slos_of(_form(extra_slos="nope=1"))
+    with pytest.raises(SpecError, match="pick at least one layout"):
+        search_config(_form(layouts=()))
+    with pytest.raises(SpecError, match="--gpus=0"):
+        search_config(_form(gpus=0))
+    config = search_config(_form(layouts=("pd",), trials=5, study=" mine "))
+    assert config.space.layouts == ("pd",) and config.study_name() == "mine"
+
+
+def _record(n: int, throughput: float, user: float, ok: bool, dep: int) -> dict[str, Any]:
+    return {"number": n, "stage": "simulated", "meets_slo": ok, "layout": "pd",
+            "deployment": {"model": "deepseek-v3", "hardware": "h200",
+                           "prefill": {"instances": 1, "dep": 8},
+                           "decode": {"instances": 1, "dep": dep}},
+            "metrics": {"throughput_tok_s_gpu": throughput, "gpus": 8 + dep,
+                        "tok_s_user": {"p50": user, "p90": user},
+                        "ttft_ms": {"p50": 100.0, "p90": 200.0},
+                        "tpot_ms": {"p50": 1e3 / user, "p90": 1e3 / user}}}
+
+
+def test_front_table_and_diff() -> None:
+    recs = [_record(0, 100.0, 50.0, True, 8), _record(1, 200.0, 20.0, True, 16),
+            _record(2, 150.0, 10.0, True, 24), _record(3, 300.0, 5.0, False, 32),
+            {**_record(4, 200.0, 20.0, True, 16), "reused": 1},
+            {"number": 5, "stage": "rejected", "reason": "too big"}]
+    summary = summarize(recs, ())
+    config = SearchConfig(space=build_space("deepseek-v3", "h200", 16), workload=Workload())
+    o = SearchOutcome(config, summary, recs, None, "s", "sqlite:///x.db", ran=6, wall_s=1.0)
+    points = {p["trial"]: p for p in front_points(o)}
+    assert set(points) == {0, 1, 2, 3}
+    assert [t for t, p in points.items() if p["front"]] == [0, 1]
+    assert not points[3]["feasible"]
+    rows = top_plans(o)
+    assert [r["trial"] for r in rows] == [1, 2, 0, 3]
+    assert rows[0]["plan"].startswith("★ ") and rows[0]["Pareto"]
+    diff = {r["what"]: (r["A"], r["B"]) for r in plan_diff(recs[0], recs[1])}
+    assert diff["deployment.decode.dep"] == ("8", "16")
+    assert "deployment.prefill.dep" not in diff
+    assert diff["throughput_tok_s_gpu"] == ("100.0", "200.0")
+
+
+# --- deploy ------------------------------------------------------------------------------------
+
+
+def test_plan_sources(tmp_path: Path) -> None:
+    s = read_plan_path(EXAMPLE)
+    assert s.deployment == load_deployment(EXAMPLE) and s.workload == Workload()
+    plan = {"deployment": s.plan["deployment"], "workload": {"requests": 7}}
+    assert plan_source(plan, "x").workload == Workload(requests=7)
+    with pytest.raises(SpecError, match="invalid YAML at line 1"):
+        read_plan_text("a: [", "up.yaml")
+    with pytest.raises(SpecError, match="unknown key 'decod'"):
+        read_plan_text("model: deepseek-v3\nhardware: h200\ndecod: {}\n", "up.yaml")
+    with pytest.raises(SpecError, match="is not a file"):
+        read_plan_path(tmp_path / "none.yaml")
+
+
+def test_render_for_targets() -> None:
+    d = load_deployment(EXAMPLE)
+    local = render_for(d, "local")
+    assert len(local.processes) == 9  # 4 prefill hosts, DEP40 decode over 5 hosts of 8
+    rows = command_rows(local)
+    assert [r["ranks"] for r in rows] == [8] * 9
+    assert [r["port"] for r in rows] == [8100, 8101, 8102, 8103, 8104, None, None, None, None]
+    assert head_urls(local)["decode-0"] == "http://127.0.0.1:8104"
+    assert all(u.startswith("http://127.0.0.1:") for u in head_urls(local).values())
+    assert head_urls(render_for(d, "slurm"))["prefill-1"].startswith("http://host1:")
+    with pytest.raises(SpecError, match="valid targets"):
+        render_for(d, "mars")
+    rows = instance_status(local, healthy=lambda url: url.endswith("8100"))
+    assert [r["status"] for r in rows] == ["healthy"] + ["not answering"] * 4
+
+
+@pytest.mark.parametrize("fail", [None, "decode-0 exited with code 1"])
+def test_local_deploy_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                          fail: str | None) -> None:
+    monkeypatch.setattr("app.deploying._backend_class", lambda target: FakeBackend)
+    monkeypatch.setattr(FakeBackend, "calls", [])
+    monkeypatch.setattr(FakeBackend, "fail", fail)
+    job = LocalDeploy(load_deployment(EXAMPLE), None, tmp_path / "run", 12.0)
+    job.start()
+    job.job.join(30)
+    if fail is None:
+        assert job.job.phase == "ready" and FakeBackend.calls == ["launch", "wait 12"]
+        assert job.url == "http://127.0.0.1:8099"
+        job.teardown()
+        assert job.job.phase == "stopped" and FakeBackend.calls[-1] == "teardown"
+    else:
+        assert job.job.phase == "failed" and job.job.error == fail
+        assert FakeBackend.calls == ["launch", "wait 12", "teardown"]
+
+
+def test_comparison_rows() -> None:
+    class Report:
+        def to_dict(self) -> dict[str, Any]:
+            return {"comparison": [{"metric": "ttft_ms.p50", "predicted": 100.0,
+                                    "measured": 110.0, "rel_error": 0.1}]}
+
+    assert comparison_rows(Report()) == [{"metric": "ttft_ms.p50", "predicted": 100.0,
+                                          "measured": 110.0, "error %": 10.0}]
+    assert comparison_rows({"something": 1}) is None

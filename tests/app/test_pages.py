@@ -1,0 +1,205 @@
+"""Each page of the UI run headless with Streamlit's AppTest: what a user sees after acting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.deploying import read_plan_path
+from app.inputs import CustomTraffic, custom_workload
+from app.whatif import run_whatif
+from simulator.specs.loading import load_deployment
+from tests.app.fakes import FakeBackend, fake_bench
+
+ROOT = Path(__file__).resolve().parents[2]
+VIEWS = ROOT / "app" / "views"
+EXAMPLE = ROOT / "examples" / "deepseek-v3-h200-pd.yaml"
+TIMEOUT = 120
+
+
+def page(name: str) -> AppTest:
+    at = AppTest.from_file(str(VIEWS / f"{name}.py"), default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def no_problem(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_main_opens_on_what_if() -> None:
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=TIMEOUT)
+    at.run()
+    no_problem(at)
+    assert at.title[0].value == "What-if"
+    at.switch_page("views/search.py").run()
+    no_problem(at)
+    assert at.title[0].value == "Search"
+
+
+def test_what_if_run_shows_metric_cards_and_charts() -> None:
+    at = page("what_if")
+    at.number_input(key="wi_wl_requests").set_value(200)
+    at.number_input(key="wi_wl_output").set_value(200)
+    at.button(key="wi_run").click().run()
+    no_problem(at)
+    cards = {m.label: m.value for m in at.metric}
+    assert set(cards) >= {"Throughput / GPU", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90",
+                          "tok/s/user p50", "tok/s/user p90"}
+    expected = run_whatif(load_deployment(EXAMPLE), custom_workload(
+        CustomTraffic(requests=200, output_tokens=200))).metrics
+    assert cards["Throughput / GPU"] == f"{expected['throughput_tok_s_gpu']:,.0f} tok/s"
+    assert cards["TPOT p90"] == f"{expected['tpot_ms']['p90']:,.1f} ms"
+    # latency, throughput, timelines, step time, expert load of prefill and of decode
+    assert len(at.get("plotly_chart")) == 6
+    assert any("imbalance" in c.value for c in at.caption)
+
+
+def test_what_if_aggregated_layout() -> None:
+    at = page("what_if")
+    at.radio(key="wi_layout").set_value("aggregated").run()
+    at.number_input(key="wi_aggregated_instances").set_value(2)
+    at.number_input(key="wi_wl_requests").set_value(100)
+    at.number_input(key="wi_wl_output").set_value(100)
+    at.button(key="wi_run").click().run()
+    no_problem(at)
+    assert any("on 16 GPUs" in c.value for c in at.caption)
+    assert {m.label for m in at.metric} >= {"Throughput / GPU", "TPOT p90"}
+
+
+def test_what_if_bad_input_is_an_error_not_a_traceback() -> None:
+    at = page("what_if")
+    at.number_input(key="wi_prefill_redundant").set_value(1)
+    at.number_input(key="wi_wl_requests").set_value(200)
+    at.button(key="wi_run").click().run()
+    assert not at.exception
+    assert len(at.error) == 1
+    assert "dep=8 must divide routed+redundant experts (256+1=257)" in at.error[0].value
+    assert not at.metric
+
+
+def test_what_if_trace_source_without_a_file_says_so() -> None:
+    at = page("what_if")
+    at.radio(key="wi_wl_source").set_value("upload a trace").run()
+    at.button(key="wi_run").click().run()
+    assert not at.exception
+    assert "no trace uploaded" in at.error[0].value
+
+
+def test_search_small_run_shows_front_and_table(tmp_path: Path) -> None:
+    at = page("search")
+    at.selectbox(key="se_model").set_value("deepseek-v3")
+    at.selectbox(key="se_hardware").set_value("h200")
+    at.number_input(key="se_gpus").set_value(32)
+    at.radio(key="se_wl_source").set_value("custom traffic").run()
+    at.selectbox(key="se_wl_arrival").set_value("poisson").run()
+    at.number_input(key="se_wl_rate").set_value(5.0)
+    at.number_input(key="se_wl_requests").set_value(200)
+    at.number_input(key="se_wl_output").set_value(200)
+    at.number_input(key="se_user").set_value(0.0)
+    at.number_input(key="se_trials").set_value(12)
+    at.text_input(key="se_storage").set_value(f"sqlite:///{tmp_path / 'ui.db'}")
+    at.button(key="se_run").click().run()
+    no_problem(at)
+    assert at.success[0].value.startswith("Chosen plan (trial ")
+    assert len(at.get("plotly_chart")) == 1
+    table = at.dataframe[0].value
+    assert len(table) >= 2 and table["meets SLOs"].iloc[0]
+    assert table["plan"].iloc[0].startswith("★ ")
+    diff = at.dataframe[1].value
+    assert "throughput_tok_s_gpu" in list(diff["what"])
+    plan = at.session_state["plan"]
+    assert plan.origin == "the Search page" and plan.plan["predicted"]["completed"] == 200
+
+
+def test_search_bad_slo_is_an_error() -> None:
+    at = page("search")
+    at.text_area(key="se_extra").set_value("ttft_p90=3")
+    at.button(key="se_run").click().run()
+    assert not at.exception
+    assert "unknown metric 'ttft_p90'" in at.error[0].value
+
+
+def test_deploy_shows_rendered_commands_for_the_example() -> None:
+    at = page("deploy")
+    assert "No plan yet" in at.info[0].value
+    at.radio(key="dp_source").set_value("a path on this machine").run()
+    at.text_input(key="dp_path").set_value(str(EXAMPLE)).run()
+    no_problem(at)
+    commands = at.code[0].value
+    assert commands.count("vllm serve deepseek-v3") == 9
+    assert "--data-parallel-size 40" in commands and "kv_consumer" in commands
+    assert len(at.dataframe[0].value) == 9
+    at.selectbox(key="dp_target").set_value("kubernetes").run()
+    no_problem(at)
+    assert "--data-parallel-address host0" in at.code[0].value
+
+
+def test_deploy_from_the_search_page_plan(tmp_path: Path) -> None:
+    at = AppTest.from_file(str(VIEWS / "deploy.py"), default_timeout=TIMEOUT)
+    at.session_state["plan"] = read_plan_path(EXAMPLE)
+    at.run()
+    no_problem(at)
+    assert "vllm serve deepseek-v3" in at.code[0].value
+
+
+@pytest.mark.parametrize("target", ["kubernetes", "slurm"])
+def test_deploy_dry_run_writes_the_targets_files(tmp_path: Path, target: str) -> None:
+    at = page("deploy")
+    at.radio(key="dp_source").set_value("a path on this machine").run()
+    at.text_input(key="dp_path").set_value(str(EXAMPLE)).run()
+    at.selectbox(key="dp_target").set_value(target)
+    at.text_input(key="dp_runs").set_value(str(tmp_path)).run()
+    at.button(key="dp_deploy").click().run()
+    no_problem(at)
+    files = [e.label for e in at.expander]
+    assert files and all(Path(f).is_file() and Path(f).is_relative_to(tmp_path) for f in files)
+    assert any(f"{target} files (dry run" in m.value for m in at.markdown)
+
+
+def test_deploy_bad_path_is_an_error() -> None:
+    at = page("deploy")
+    at.radio(key="dp_source").set_value("a path on this machine").run()
+    at.text_input(key="dp_path").set_value("no/such/plan.yaml").run()
+    assert not at.exception
+    assert "'no/such/plan.yaml' is not a file" in at.error[0].value
+
+
+def test_deploy_local_launch_status_bench_and_teardown(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    """The Deploy button's whole local flow, with a backend and a benchmark that start
+    nothing: launch in a worker thread, live status, benchmark report, teardown."""
+    monkeypatch.setattr("app.deploying._backend_class", lambda target: FakeBackend)
+    monkeypatch.setattr("app.deploying.bench_function", lambda: fake_bench)
+    monkeypatch.setattr("app.deploying.probe", lambda url, timeout_s=1.0: url.endswith(":8100"))
+    monkeypatch.setattr(FakeBackend, "calls", [])
+    at = page("deploy")
+    at.radio(key="dp_source").set_value("a path on this machine").run()
+    at.text_input(key="dp_path").set_value(str(EXAMPLE)).run()
+    at.text_input(key="dp_runs").set_value(str(tmp_path))
+    at.number_input(key="dp_timeout").set_value(60)
+    at.button(key="dp_deploy").click().run()
+    no_problem(at)
+    job = at.session_state["deploy"]
+    job.job.join(30)
+    at.run()
+    no_problem(at)
+    assert FakeBackend.calls == ["launch", "wait 60"]
+    assert "**Local deployment:** ready" in [m.value for m in at.markdown]
+    status = at.dataframe[1].value
+    assert list(status["status"]) == ["healthy"] + ["not answering"] * 4
+    at.button(key="dp_bench").click().run()
+    at.session_state["bench"].join(30)
+    at.run()
+    no_problem(at)
+    report = at.dataframe[2].value
+    assert list(report["metric"]) == ["ttft_ms.p50", "tpot_ms.p50"]
+    assert list(report["error %"]) == [25.0, -5.0]
+    at.button(key="dp_teardown").click().run()
+    no_problem(at)
+    assert FakeBackend.calls[-1] == "teardown"
+    assert "**Local deployment:** stopped" in [m.value for m in at.markdown]

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executor.backends.base import LaunchError
-from executor.backends.local import default_vllm, log_tail, write_atomic
+from executor.backends.base import LaunchError, write_atomic
+from executor.backends.local import default_vllm, log_tail
 from simulator.specs.errors import SpecError
 from simulator.specs.workload import (
     BurstyArrival,

@@ -170,7 +170,7 @@ def _launch(backend: Backend, target: str, timeout_s: float) -> int:
     except BaseException:
         backend.teardown()
         raise
-    print(f"router: {getattr(backend, 'url', None) or 'see ' + str(backend.run_dir)}")
+    print(f"router: {backend.url or 'see ' + str(backend.run_dir)}")
     if target != "local":
         print(f"running on {target}; files in {backend.run_dir}", file=sys.stderr)
         return 0

@@ -9,6 +9,8 @@ twice, after a failed launch, or from a signal handler.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
@@ -31,6 +33,18 @@ class Backend(ABC):
         self.rendered = rendered
         self.run_dir = Path(run_dir)
 
+    @property
+    def router_port(self) -> int:
+        """The port our P/D proxy (the router) listens on."""
+        port = self.rendered.router["port"]
+        assert isinstance(port, int)
+        return port
+
+    @property
+    def url(self) -> str | None:
+        """Where clients reach the deployment (the router), once it is known."""
+        return None
+
     @abstractmethod
     def render(self) -> list[Path]:
         """Write the target's files under run_dir and return their paths; start nothing."""
@@ -47,3 +61,18 @@ class Backend(ABC):
     @abstractmethod
     def teardown(self) -> None:
         """Stop everything launch started; idempotent."""
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
+    """Write `text` to `path` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

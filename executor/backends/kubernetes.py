@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from executor.backends.base import Backend, LaunchError
+from executor.backends.base import Backend, LaunchError, write_atomic
 from executor.backends.layout import (
     DP_ADDRESS,
     HOST_ENV,
@@ -39,7 +39,6 @@ from executor.backends.layout import (
     dns_label,
     role_layouts,
     shell_words,
-    write_atomic,
 )
 from executor.render import Process, Rendered
 
@@ -91,12 +90,6 @@ class KubernetesBackend(Backend):
     @property
     def router_name(self) -> str:
         return f"{self.app}-router"
-
-    @property
-    def router_port(self) -> int:
-        port = self.rendered.router["port"]
-        assert isinstance(port, int)
-        return port
 
     @property
     def url(self) -> str:

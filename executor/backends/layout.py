@@ -9,10 +9,7 @@ Also here: writing a file atomically, which every backend does.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from executor.render import Process, Rendered
 from executor.rules import parse_flags
@@ -81,21 +78,6 @@ def role_layouts(rendered: Rendered) -> list[RoleLayout]:
                                   hosts=len(template), gpus_per_host=gpus, port=head.port,
                                   processes=template, dp_size=dp))
     return layouts
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
-    """Write `text` to `path` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def shell_words(words: list[str], indent: str = "  ") -> str:

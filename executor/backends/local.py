@@ -23,7 +23,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -34,7 +33,7 @@ from types import FrameType
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from executor.backends.base import Backend, LaunchError
+from executor.backends.base import Backend, LaunchError, write_atomic
 from executor.render import Process, Rendered, render
 from simulator.specs.deployment import Deployment
 from simulator.specs.hardware import load_hardware
@@ -400,18 +399,3 @@ def _completes(url: str, deadline: float) -> dict[str, str] | None:
     except (OSError, ValueError, KeyError, IndexError, TypeError, urllib.error.URLError):
         return None
     return None
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
-    """Write a text file through a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import ClassVar
 
-from executor.backends.base import Backend, LaunchError
+from executor.backends.base import Backend, LaunchError, write_atomic
 from executor.backends.layout import (
     DP_ADDRESS,
     HOST_ENV,
@@ -35,7 +35,6 @@ from executor.backends.layout import (
     dns_label,
     role_layouts,
     shell_words,
-    write_atomic,
 )
 from executor.render import Process, Rendered
 
@@ -62,12 +61,6 @@ class SlurmBackend(Backend):
     @property
     def folder(self) -> Path:
         return self.run_dir / SCRIPT_DIR
-
-    @property
-    def router_port(self) -> int:
-        port = self.rendered.router["port"]
-        assert isinstance(port, int)
-        return port
 
     @property
     def url(self) -> str | None:

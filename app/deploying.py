@@ -281,6 +281,9 @@ class LocalDeploy:
 
     def start(self) -> None:
         def work(job: Job) -> None:
+            from executor.backends.local import check_fits_here
+
+            check_fits_here(self.deployment)
             job.note("preparing", "resolving the model to serve")
             model = served_model(self.deployment, self.model, build=True)
             self.rendered = render_for(self.deployment, "local", model)

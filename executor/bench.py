@@ -281,10 +281,11 @@ def load_prediction(plan_path: Path) -> tuple[Any, Workload, dict[str, Any]]:
 def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
               vllm: str | Path | None = None, model: str | None = None,
               tokenizer: str | None = None, num_prompts: int | None = None,
-              timeout_s: float | None = None) -> Report:
+              timeout_s: float | None = None, detailed: bool = False) -> Report:
     """Run `vllm bench serve` against `url` with the plan's workload, compare with the plan's
     prediction, and write report.json and report.md (and bench.json, logs/bench.log) into
-    `run_dir`. SpecError for a workload that cannot be benchmarked, BenchError when the
+    `run_dir`. `detailed`: bench.json also holds every request's TTFT and inter-token gaps
+    (--save-detailed). SpecError for a workload that cannot be benchmarked, BenchError when the
     benchmark fails."""
     plan_path, run_dir = Path(plan_path), Path(run_dir)
     deployment, workload, predicted = load_prediction(plan_path)
@@ -304,7 +305,8 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
                "--percentile-metrics", "ttft,tpot,itl,e2el",
                "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
                "--save-result", "--result-dir", str(run_dir.resolve()),
-               "--result-filename", RESULT_FILE, "--disable-tqdm"]
+               "--result-filename", RESULT_FILE, "--disable-tqdm",
+               *(["--save-detailed"] if detailed else [])]
     log = run_dir / "logs" / "bench.log"
     start = time.monotonic()
     with open(log, "wb") as out:

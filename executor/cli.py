@@ -140,6 +140,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if run_dir.exists() and not run_dir.is_dir():
         raise SpecError(f"--out {run_dir} is a file; give a directory")
     try:
+        if args.target == "local" and not args.dry_run:
+            from executor.backends.local import check_fits_here
+
+            check_fits_here(deployment)
         model = model_path(deployment, args.model_path, build=not args.dry_run)
     except LaunchError as e:
         print(f"rackplan: error: {e}", file=sys.stderr)

@@ -67,6 +67,29 @@ def render_local(deployment: Deployment, model_path: str | None = None, base_por
     return render(deployment, model_path, base_port, rpc_base_port, ["127.0.0.1"] * n, **kwargs)
 
 
+def gpus_here() -> int:
+    """GPUs this machine has, as `nvidia-smi -L` lists them (0 without the tool)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
+def check_fits_here(deployment: Deployment, gpus: int | None = None) -> None:
+    """Refuse, before anything starts, a GPU deployment larger than this machine: the local
+    backend puts every rank of every instance here. `gpus`: what this machine has (default:
+    counted with nvidia-smi). The cpu hardware runs on this machine's cores."""
+    if deployment.hardware == "cpu":
+        return
+    need = deployment.gpus_used
+    have = gpus_here() if gpus is None else gpus
+    if need > have:
+        raise LaunchError(f"the deployment needs {need} {deployment.hardware} GPUs on this "
+                          f"machine and it has {have}; deploy it with --target kubernetes or "
+                          "slurm, or locally a plan on hardware cpu")
+
+
 @dataclass(frozen=True)
 class Launched:
     """One started process: what it is, its ids and its log."""

@@ -272,6 +272,7 @@ def test_render_for_targets() -> None:
 def test_local_deploy_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                           fail: str | None) -> None:
     monkeypatch.setattr("app.deploying._backend_class", lambda target: FakeBackend)
+    monkeypatch.setattr("executor.backends.local.gpus_here", lambda: 72)  # a 72-GPU machine
     monkeypatch.setattr(FakeBackend, "calls", [])
     monkeypatch.setattr(FakeBackend, "fail", fail)
     job = LocalDeploy(load_deployment(EXAMPLE), None, tmp_path / "run", 12.0)
@@ -296,3 +297,15 @@ def test_comparison_rows() -> None:
     assert comparison_rows(Report()) == [{"metric": "ttft_ms.p50", "predicted": 100.0,
                                           "measured": 110.0, "error %": 10.0}]
     assert comparison_rows({"something": 1}) is None
+
+
+def test_local_deploy_of_a_gpu_plan_on_a_machine_without_them_starts_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("app.deploying._backend_class", lambda target: FakeBackend)
+    monkeypatch.setattr("executor.backends.local.gpus_here", lambda: 0)
+    monkeypatch.setattr(FakeBackend, "calls", [])
+    job = LocalDeploy(load_deployment(EXAMPLE), None, tmp_path / "run", 12.0)
+    job.start()
+    job.job.join(30)
+    assert job.job.phase == "failed" and "needs 72 h200 GPUs" in str(job.job.error)
+    assert FakeBackend.calls == []

@@ -176,6 +176,7 @@ def test_deploy_local_launch_status_bench_and_teardown(monkeypatch: pytest.Monke
     monkeypatch.setattr("app.deploying._backend_class", lambda target: FakeBackend)
     monkeypatch.setattr("app.deploying.bench_function", lambda: fake_bench)
     monkeypatch.setattr("app.deploying.probe", lambda url, timeout_s=1.0: url.endswith(":8100"))
+    monkeypatch.setattr("executor.backends.local.gpus_here", lambda: 72)  # a 72-GPU machine
     monkeypatch.setattr(FakeBackend, "calls", [])
     at = page("deploy")
     at.radio(key="dp_source").set_value("a path on this machine").run()

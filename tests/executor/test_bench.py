@@ -118,6 +118,15 @@ def test_run_bench_writes_both_reports(tmp_path):
     assert report.table().splitlines()[0].split() == ["metric", "predicted", "measured", "error"]
 
 
+def test_detailed_asks_for_every_requests_timings(tmp_path):
+    run_dir = tmp_path / "run"
+    run_bench(TINY_PD, "http://127.0.0.1:9", run_dir, vllm=fake_vllm(tmp_path), model="m")
+    assert "--save-detailed" not in (run_dir / "logs" / "bench.log").read_text()
+    run_bench(TINY_PD, "http://127.0.0.1:9", run_dir, vllm=fake_vllm(tmp_path), model="m",
+              detailed=True)
+    assert "--save-detailed" in (run_dir / "logs" / "bench.log").read_text()
+
+
 def test_run_bench_simulates_a_plan_without_prediction(tmp_path):
     plan = yaml.safe_load(TINY_PD.read_text())
     del plan["predicted"]

@@ -175,6 +175,7 @@ class FakeLocal(Backend):
 def test_local_launch_serves_in_the_foreground_until_ctrl_c_then_tears_down(
         tmp_path, monkeypatch, capsys):
     FakeLocal.events = []
+    monkeypatch.setattr("executor.backends.local.gpus_here", lambda: 72)  # a 72-GPU machine
     monkeypatch.setattr(cli, "get_backend", lambda target, rendered, run_dir: FakeLocal(
         rendered, run_dir))
 
@@ -243,3 +244,29 @@ def test_bench_runs_against_the_local_router_and_prints_predicted_vs_measured(
     assert main(["bench", str(PD), "--url", "http://127.0.0.2:8000"]) == 0
     assert seen["url"] == "http://127.0.0.2:8000"
     assert seen["run_dir"] == Path("runs") / "bench-deepseek-v3-h200-pd"
+
+
+def test_a_gpu_plan_larger_than_this_machine_is_refused_before_anything_starts(tmp_path):
+    out = tmp_path / "run"
+    bare = {**os.environ, "PATH": str(tmp_path)}  # no nvidia-smi here: this machine has 0 GPUs
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "deploy", str(PD), "--target",
+                        "local", "--out", str(out)], capture_output=True, text=True,
+                       timeout=120, env=bare)
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1
+    for needle in ("needs 72 h200 GPUs", "has 0", "--target kubernetes"):
+        assert needle in r.stderr
+    assert not out.exists()
+
+
+def test_check_fits_here_counts_every_rank_of_every_instance():
+    from executor.backends.base import LaunchError
+    from executor.backends.local import check_fits_here
+
+    pd = load_deployment(PD)
+    check_fits_here(pd, gpus=72)
+    with pytest.raises(LaunchError, match="needs 72 h200 GPUs on this machine and it has 64"):
+        check_fits_here(pd, gpus=64)
+    from simulator.specs.deployment import Deployment
+
+    check_fits_here(Deployment.model_validate(CPU_PLAN), gpus=0)  # runs on this machine's cores

@@ -12,7 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from simulator.calibration import Calibration, load_calibration
-from simulator.calibration.serving import ServingOverhead, serving_overhead
+from simulator.calibration.serving import (
+    ServingOverhead,
+    serving_overhead,
+    user_serving_overhead,
+)
+from simulator.calibration.tables import user_calibration_dir
 from simulator.des import SimOptions, simulate
 from simulator.specs.deployment import Deployment
 from simulator.specs.hardware import load_hardware
@@ -28,9 +33,23 @@ def calibration_for(deployment: Deployment) -> Calibration:
                             deployment.engine_version)
 
 
+def measured_overhead(deployment: Deployment) -> ServingOverhead | None:
+    """The serving latencies measured on the deployment's own hardware and engine, from the
+    active calibration folder's serving_overhead.json ($RACKPLAN_CALIBRATION_DIR, as
+    `--calibration DIR` sets it); None when there are none."""
+    folder = user_calibration_dir()
+    if folder is None:
+        return None
+    return user_serving_overhead(folder, load_hardware(deployment.hardware).name,
+                                 deployment.engine, deployment.disaggregated,
+                                 serving_overhead(deployment.engine, deployment.disaggregated))
+
+
 def overhead_for(deployment: Deployment) -> ServingOverhead:
-    """The fitted serving-stack latencies `rackplan simulate` applies to this deployment."""
-    return serving_overhead(deployment.engine, deployment.disaggregated)
+    """The serving-stack latencies `rackplan simulate` applies to this deployment: those
+    measured in the active calibration folder, else the fit on published measurements."""
+    return measured_overhead(deployment) or serving_overhead(deployment.engine,
+                                                             deployment.disaggregated)
 
 
 def sim_options(deployment: Deployment) -> SimOptions:

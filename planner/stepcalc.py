@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from planner.evaluate import measured_overhead
 from simulator.cost.step import Batch, step_time
 from simulator.resolve import resolve
 from simulator.specs.errors import SpecError
@@ -16,14 +17,17 @@ def step_report(deployment_path: str | Path, role: str, batch: int,
     """Step time, breakdown and provenance for `batch` requests per rank at `context` tokens.
 
     Decode and aggregated roles: each request generates one token over `context` cached tokens.
-    Prefill: each request prefills `context` prompt tokens in one chunk.
+    Prefill: each request prefills `context` prompt tokens in one chunk. The fixed per-step
+    overhead is the one measured in the active calibration folder when it holds one, else the
+    cost model's default for the hardware kind.
     """
     if batch < 1:
         raise SpecError(f"--batch={batch} must be >= 1")
     if context < 1:
         raise SpecError(f"--context={context} must be >= 1")
     dep = load_deployment(Path(deployment_path))
-    res = resolve(dep)
+    measured = measured_overhead(dep)
+    res = resolve(dep, overhead_ms=measured.step_overhead_ms if measured else None)
     if role not in res.roles:
         raise SpecError(f"--role={role!r} is not in {deployment_path}; it has "
                         f"{', '.join(res.roles)}")

@@ -7,16 +7,27 @@ and launches the GPU does not hide). `benchmarks/fit_serving_overhead.py` fits o
 per engine on the low-concurrency rows of a fixed half of aiconfigurator-core's silicon sample
 (where queueing is negligible), and writes `data/serving_overhead.json`; `rackplan validate`
 reports its error on the rows that were not fitted as well.
+
+The same latencies measured on one's own engine live beside one's own kernel tables: a
+`rackplan calibrate` folder may hold `serving_overhead.json` (per hardware and engine, fitted by
+`benchmarks/closed_loop.py`), preferred to the shipped fit while that folder is the active
+calibration (planner.evaluate.overhead_for).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
+
+from simulator.specs.errors import SpecError
 
 FIT_MAX_CONCURRENCY = 8
 """Rows at or below this concurrency are queue-free enough to fit fixed latencies on."""
@@ -56,3 +67,92 @@ def serving_overhead(engine: str, disaggregated: bool) -> ServingOverhead:
         api_overhead_ms=float(fitted.get("api_overhead_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)
+
+
+USER_FILE = "serving_overhead.json"
+"""Serving latencies measured on a real engine, in a `rackplan calibrate` folder beside the
+kernel tables (benchmarks/closed_loop.py fits and writes them). While that folder is the active
+calibration they are preferred to the shipped fit for the hardware and engine they name."""
+USER_FORMAT = 1
+FIELDS = ("api_overhead_ms", "step_overhead_ms", "handoff_ms")
+
+
+def _user_entry(folder: Path, hardware: str, engine: str) -> dict[str, Any] | None:
+    path = folder / USER_FILE
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    data = _read_user(str(path), stat.st_mtime_ns)
+    entry = data.get("hardware", {}).get(hardware, {}).get(engine)
+    return entry if isinstance(entry, dict) else None
+
+
+@cache
+def _read_user(path: str, mtime_ns: int) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"{path} is not readable JSON ({exc}); delete it or fit it again "
+                        "with benchmarks/closed_loop.py") from None
+    if not isinstance(data, dict) or data.get("format") != USER_FORMAT:
+        got = data.get("format") if isinstance(data, dict) else None
+        raise SpecError(f"{path} has format {got!r}, expected {USER_FORMAT}; fit it again "
+                        "with benchmarks/closed_loop.py")
+    return data
+
+
+def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregated: bool,
+                          fallback: ServingOverhead | None = None) -> ServingOverhead | None:
+    """The latencies measured for `hardware` and `engine` in a calibration folder, or None when
+    its serving_overhead.json has no entry for them. A latency the entry leaves out comes from
+    `fallback` (the shipped fit); only P/D pays the handoff."""
+    entry = _user_entry(folder, hardware, engine)
+    if entry is None:
+        return None
+    base = fallback or ServingOverhead()
+    got = {k: entry.get(k) for k in FIELDS}
+    step = got["step_overhead_ms"]
+    return ServingOverhead(
+        api_overhead_ms=base.api_overhead_ms if got["api_overhead_ms"] is None
+        else float(got["api_overhead_ms"]),
+        step_overhead_ms=base.step_overhead_ms if step is None else float(step),
+        handoff_ms=0.0 if not disaggregated else (
+            base.handoff_ms if got["handoff_ms"] is None else float(got["handoff_ms"])))
+
+
+def write_user_serving_overhead(folder: Path, hardware: str, engine: str,
+                                latencies: Mapping[str, float | None],
+                                about: Mapping[str, Any]) -> Path:
+    """Update the measured latencies (keys of FIELDS; None removes one) of one hardware and
+    engine in the folder's serving_overhead.json, keeping everything else; `about` says how
+    they were measured. Written to a temporary file, then renamed."""
+    bad = sorted(set(latencies) - set(FIELDS))
+    if bad:
+        raise SpecError(f"unknown serving latency {bad[0]!r}; valid: {', '.join(FIELDS)}")
+    if not folder.is_dir():
+        raise SpecError(f"{folder} is not a folder; give one written by `rackplan calibrate`")
+    path = folder / USER_FILE
+    data: dict[str, Any] = {"format": USER_FORMAT, "hardware": {}}
+    if path.exists():
+        data = dict(_read_user(str(path), path.stat().st_mtime_ns))
+    hardware_entries = dict(data.get("hardware", {}))
+    engines = dict(hardware_entries.get(hardware, {}))
+    entry = {**engines.get(engine, {}), **about}
+    for k, v in latencies.items():
+        if v is None:
+            entry.pop(k, None)
+        else:
+            entry[k] = round(float(v), 4)
+    engines[engine] = entry
+    hardware_entries[hardware] = engines
+    data = {**data, "hardware": hardware_entries}
+    fd, tmp = tempfile.mkstemp(prefix=f".{USER_FILE}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,652 @@
+"""The closed loop on this machine: calibrate, fit the serving latencies, predict, deploy, measure.
+
+For the tiny-moe plans on the cpu hardware (vLLM's CPU build from .venv-engine):
+1. calibration: `rackplan calibrate --device cpu --model tiny-moe` into OUT/calibration, with
+   as many torch threads as the engine's worker gets (vLLM's CPU build binds its worker to all
+   cores but one, which it keeps for the engine core and API server), or --calibration DIR
+   reused;
+2. each plan deployed for real with the local backend, once for all its concurrencies;
+3. the serving latencies fitted on their own runs at concurrency 1 (their own prompts and seed,
+   after a discarded warm-up), never on the runs compared below: the per-step overhead is the
+   engine's own mean TPOT (vLLM's /metrics) minus the simulated TPOT with no overhead (the
+   calibrated kernels alone); the API overhead is the measured TTFT p50 minus the simulated one
+   with that step overhead; on the 1P+1D plan (--pd) the P/D handoff is the same residual with
+   both in. They go to DIR/serving_overhead.json, where `rackplan simulate --calibration DIR`
+   finds them;
+4. per concurrency (closed loop, the same input and output lengths and number of prompts for
+   both): the prediction (`rackplan simulate` of OUT/plans/<plan>-c<N>.yaml with
+   --calibration DIR reproduces it), then `vllm bench serve` through executor.bench.run_bench,
+   with the engines' /metrics read before and after;
+5. teardown (also on an error or Ctrl-C), then OUT/closed-loop.json and OUT/closed-loop.md:
+   predicted vs measured TTFT p50, TPOT p50, ITL p50 and output throughput, the prediction's
+   error relative to the measurement, and whether it is within the targets (TPOT and
+   throughput 20 %, TTFT 30 %).
+
+    .venv/bin/python benchmarks/closed_loop.py [--calibration DIR] [--pd] [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from executor.backends.base import write_atomic
+from executor.backends.local import LocalBackend, default_vllm, engine_venv, render_local
+from executor.bench import RESULT_FILE, run_bench
+from executor.tinymodel import ensure_tiny_model
+from planner.evaluate import sim_options
+from planner.plan import load_plan_or_deployment
+from simulator.calibration.serving import write_user_serving_overhead
+from simulator.calibration.tables import calibration_dir
+from simulator.des import SimOptions, simulate
+from simulator.specs.deployment import Deployment
+from simulator.specs.hardware import load_hardware
+from simulator.specs.loading import dump_deployment, load_workload
+from simulator.specs.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = {"aggregated": ROOT / "tests/executor/data/tiny-moe-cpu-agg.yaml",
+         "pd": ROOT / "tests/executor/data/tiny-moe-cpu-pd.yaml"}
+"""The tiny-moe plans on the cpu hardware: one aggregated instance; 1 prefill + 1 decode."""
+TARGETS = {"ttft_ms": 0.30, "tpot_ms": 0.20, "output_tok_s": 0.20}
+"""Largest |predicted - measured| / measured that counts as within target (project issue 6)."""
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "output_tok_s")
+"""Compared per concurrency: p50 latencies and the output throughput of the deployment."""
+ENGINE_SERIES = {
+    "requests": "vllm:e2e_request_latency_seconds_count",
+    "tpot_s": "vllm:request_time_per_output_token_seconds_sum",
+    "tpot_n": "vllm:request_time_per_output_token_seconds_count",
+    "itl_s": "vllm:inter_token_latency_seconds_sum",
+    "itl_n": "vllm:inter_token_latency_seconds_count",
+    "queue_s": "vllm:request_queue_time_seconds_sum",
+    "queue_n": "vllm:request_queue_time_seconds_count",
+    "prefill_s": "vllm:request_prefill_time_seconds_sum",
+    "prefill_n": "vllm:request_prefill_time_seconds_count",
+    "ttft_s": "vllm:time_to_first_token_seconds_sum",
+    "ttft_n": "vllm:time_to_first_token_seconds_count",
+    "steps": "vllm:iteration_tokens_total_count",
+    "step_tokens": "vllm:iteration_tokens_total_sum",
+    "generated": "vllm:generation_tokens_total",
+}
+"""vLLM's Prometheus series read before and after each run. TPOT, ITL, queue and prefill times
+are stamped by the engine core as it steps; TTFT by the API server as it handles the output."""
+READY_TIMEOUT_S = 600.0
+BENCH_TIMEOUT_S = 600.0
+STREAM_GAP_MS = 0.5
+"""A token that reaches the client more than this after the one before came in its own chunk;
+closer ones came together in a burst."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one closed-loop run measures."""
+
+    concurrencies: tuple[int, ...] = (1, 4, 16)
+    input_len: int = 64
+    output_len: int = 64
+    prompts_per_client: int = 4
+    min_prompts: int = 8
+    """Prompts per concurrency: max(min_prompts, prompts_per_client x concurrency)."""
+    fit_prompts: int = 8
+    """Prompts of the fitting run at concurrency 1."""
+    warmup_prompts: int = 4
+    repeats: int = 3
+    """`vllm bench serve` runs per point (and for the fit): their median is the measurement,
+    their range its spread."""
+    seed: int = 0
+    """Seed of the compared runs; the fit uses seed + 1, the warm-up seed + 2."""
+
+    def prompts(self, concurrency: int) -> int:
+        return max(self.min_prompts, self.prompts_per_client * concurrency)
+
+
+QUICK = Settings(concurrencies=(1, 4), output_len=16, prompts_per_client=2, min_prompts=4,
+                 fit_prompts=4, warmup_prompts=2, repeats=1)
+"""--quick: a smoke run of the whole loop in about two minutes."""
+
+
+# ---- pure parts: workloads, the fit, engine metrics, the report ----------------------------
+
+def workload_dict(s: Settings, concurrency: int, prompts: int, seed: int) -> dict[str, Any]:
+    """The closed-loop workload that both the simulation and `vllm bench serve` get."""
+    return {"arrival": {"kind": "closed", "concurrency": concurrency}, "requests": prompts,
+            "input_tokens": {"kind": "fixed", "value": s.input_len},
+            "output_tokens": {"kind": "fixed", "value": s.output_len}, "seed": seed}
+
+
+Simulate = Callable[[float, float, float], dict[str, Any]]
+"""(step overhead, API overhead, handoff) in ms -> `simulate --json` metrics of the fit's
+workload."""
+
+
+def fit_overheads(engine_tpot_ms: float, ttft_p50_ms: float,
+                  simulate: Simulate) -> dict[str, float]:
+    """Step and API overhead from the runs at concurrency 1: the engine's mean TPOT minus the
+    simulated TPOT without any overhead (the calibrated kernels alone), then the measured TTFT
+    p50 minus the simulated one with that step overhead. Both floored at 0."""
+    _check_ms("engine TPOT", engine_tpot_ms)
+    _check_ms("TTFT p50", ttft_p50_ms)
+    kernels = float(simulate(0.0, 0.0, 0.0)["tpot_ms"]["p50"])
+    step = max(0.0, engine_tpot_ms - kernels)
+    engine_ttft = float(simulate(step, 0.0, 0.0)["ttft_ms"]["p50"])
+    return {"step_overhead_ms": step, "api_overhead_ms": max(0.0, ttft_p50_ms - engine_ttft),
+            "kernel_tpot_ms": kernels, "simulated_ttft_ms": engine_ttft}
+
+
+def fit_handoff(ttft_p50_ms: float, step_ms: float, api_ms: float, simulate: Simulate) -> float:
+    """The P/D handoff from the P/D runs at concurrency 1: measured TTFT p50 minus the simulated
+    one with the step and API overheads and no handoff, floored at 0."""
+    _check_ms("TTFT p50", ttft_p50_ms)
+    return max(0.0, ttft_p50_ms - float(simulate(step_ms, api_ms, 0.0)["ttft_ms"]["p50"]))
+
+
+def _check_ms(what: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"the measured {what} is {value!r}; the fit needs a finite number "
+                         "of ms >= 0")
+
+
+def parse_prometheus(text: str, names: Iterable[str]) -> dict[str, float]:
+    """The value of each named series in Prometheus text format, summed over its labels."""
+    wanted = set(names)
+    out = dict.fromkeys(wanted, 0.0)
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name = head.split("{", 1)[0].strip()
+        if name in wanted:
+            try:
+                out[name] += float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def engine_figures(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+    """What one instance's engine saw between two reads of its /metrics: requests, steps,
+    mean tokens computed and generated per step (the latter is the mean decode batch), and the
+    mean TPOT, ITL, queue, prefill and API-server TTFT in ms (None where no request
+    contributed)."""
+    d = {k: after.get(s, 0.0) - before.get(s, 0.0) for k, s in ENGINE_SERIES.items()}
+
+    def mean_ms(key: str) -> float | None:
+        n = d[f"{key}_n"]
+        return d[f"{key}_s"] / n * 1e3 if n > 0 else None
+
+    return {"requests": round(d["requests"]), "steps": round(d["steps"]),
+            "tokens_per_step": d["step_tokens"] / d["steps"] if d["steps"] > 0 else None,
+            "generated_per_step": d["generated"] / d["steps"] if d["steps"] > 0 else None,
+            **{f"{k}_mean_ms": mean_ms(k) for k in ("tpot", "itl", "queue", "prefill", "ttft")}}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One plan at one concurrency: the prediction beside the measurement."""
+
+    plan: str
+    concurrency: int
+    prompts: int
+    predicted: dict[str, float | None]
+    """METRICS as the simulation gives them."""
+    measured: dict[str, float | None]
+    """METRICS as `vllm bench serve` measured them at the client: the median over the runs."""
+    spread: dict[str, list[float] | None] = field(default_factory=dict)
+    """Per metric, the lowest and highest of the runs."""
+    runs: int = 1
+    streamed: float | None = None
+    """Share of the tokens after each first one that reached the client in a chunk of their
+    own (the rest came in bursts)."""
+    engine: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per instance, what its engine saw over all runs (engine_figures)."""
+    load: tuple[float, float] = (0.0, 0.0)
+    """The machine's 1-minute load average before the first run and after the last."""
+
+    def error(self, metric: str) -> float | None:
+        """(predicted - measured) / measured; None when either is missing or measured is 0."""
+        p, m = self.predicted.get(metric), self.measured.get(metric)
+        if p is None or m is None or m == 0:
+            return None
+        return (p - m) / m
+
+    def within(self, metric: str) -> bool | None:
+        """Within the metric's target; None for a metric without one or without an error."""
+        err = self.error(metric)
+        if metric not in TARGETS or err is None:
+            return None
+        return abs(err) <= TARGETS[metric]
+
+    def engine_tpot_error(self) -> float | None:
+        """The predicted TPOT against the engine's own mean TPOT (vLLM's /metrics), which does
+        not depend on how the tokens reach the client."""
+        e, p = engine_view(self)["tpot_mean_ms"], self.predicted.get("tpot_ms")
+        return None if e is None or p is None or e == 0 else (p - e) / e
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "load": list(self.load),
+                "error": {m: self.error(m) for m in METRICS},
+                "within_target": {m: self.within(m) for m in TARGETS},
+                "engine_tpot_error": self.engine_tpot_error()}
+
+
+def predicted_metrics(sim: Mapping[str, Any], gpus: int) -> dict[str, float | None]:
+    """METRICS out of `simulate --json` (output throughput of the whole deployment)."""
+    per_gpu = sim.get("output_tok_s_gpu")
+    return {"ttft_ms": sim["ttft_ms"]["p50"], "tpot_ms": sim["tpot_ms"]["p50"],
+            "itl_ms": sim["itl_ms"]["p50"],
+            "output_tok_s": None if per_gpu is None else per_gpu * gpus}
+
+
+def measured_metrics(bench: Mapping[str, Any]) -> dict[str, float | None]:
+    """METRICS out of a `vllm bench serve --save-result` JSON."""
+    def get(key: str) -> float | None:
+        v = bench.get(key)
+        return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+    return {"ttft_ms": get("p50_ttft_ms"), "tpot_ms": get("p50_tpot_ms"),
+            "itl_ms": get("p50_itl_ms"), "output_tok_s": get("output_throughput")}
+
+
+def combine(results: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float | None],
+                                                        dict[str, list[float] | None]]:
+    """The median of several runs' METRICS, and each metric's [lowest, highest]."""
+    per_run = [measured_metrics(r) for r in results]
+    median: dict[str, float | None] = {}
+    spread: dict[str, list[float] | None] = {}
+    for m in METRICS:
+        values = sorted(v for r in per_run if (v := r[m]) is not None)
+        if not values:
+            median[m], spread[m] = None, None
+            continue
+        mid = len(values) // 2
+        median[m] = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        spread[m] = [values[0], values[-1]]
+    return median, spread
+
+
+def streamed_share(results: Sequence[Mapping[str, Any]]) -> float | None:
+    """Share of the inter-token gaps (`itls` of --save-detailed results) longer than
+    STREAM_GAP_MS: tokens that reached the client on their own rather than in a burst."""
+    gaps = [g for r in results for request in r.get("itls") or [] for g in request]
+    if not gaps:
+        return None
+    return sum(g * 1e3 > STREAM_GAP_MS for g in gaps) / len(gaps)
+
+
+def _num(v: Any, spec: str = ".3g") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def _err(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:+.0%}"
+
+
+def _yes(v: bool | None) -> str:
+    return "" if v is None else ("yes" if v else "no")
+
+
+def _share(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0%}"
+
+
+def engine_view(point: Point) -> dict[str, Any]:
+    """The engine figures of the instance that decodes (TPOT, tokens per step) and of the one
+    that prefills (queue, prefill, the API server's TTFT), for the tables."""
+    decode = next((v for k, v in point.engine.items() if not k.startswith("prefill")), {})
+    prefill = next((v for k, v in point.engine.items() if not k.startswith("decode")), {})
+    queue, pre = prefill.get("queue_mean_ms"), prefill.get("prefill_mean_ms")
+    return {"tpot_mean_ms": decode.get("tpot_mean_ms"),
+            "generated_per_step": decode.get("generated_per_step"),
+            "queue_prefill_mean_ms": None if queue is None or pre is None else queue + pre,
+            "api_ttft_mean_ms": prefill.get("ttft_mean_ms")}
+
+
+def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
+    """The report as markdown: settings, the fitted latencies, the comparison per point, and
+    what the engines themselves saw."""
+    s, fit = report["settings"], report["fit"]
+    lines = [f"# Closed loop: tiny-moe on this machine ({report['date']})", "",
+             f"- machine: {report['machine']['cpus']} CPU cores, no GPU; engine vLLM "
+             f"{report['machine']['engine']}",
+             f"- calibration: {report['calibration']['source']}, torch threads "
+             f"{report['calibration']['threads']}",
+             f"- workload: closed loop, input {s['input_len']} tokens, output {s['output_len']} "
+             f"tokens, max({s['min_prompts']}, {s['prompts_per_client']} x concurrency) prompts "
+             f"per run, {s['repeats']} run(s) per point (median; range in brackets)",
+             "- fitted on their own runs at concurrency 1 (seed {seed}): step overhead "
+             "{step} ms, API overhead {api} ms, P/D handoff {handoff}".format(
+                 seed=s["seed"] + 1, step=_num(fit.get("step_overhead_ms"), ".2f"),
+                 api=_num(fit.get("api_overhead_ms"), ".1f"),
+                 handoff=("not fitted" if fit.get("handoff_ms") is None
+                          else f"{fit['handoff_ms']:.1f} ms")),
+             "- error = (predicted - measured) / measured; targets: TPOT and output throughput "
+             "within 20 %, TTFT within 30 %", "",
+             "| plan | conc. | TTFT p50 ms: pred / meas [range] (err) | TPOT p50 ms | "
+             "ITL p50 ms | output tok/s | within target: TTFT / TPOT / tput |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for p in points:
+        cells = []
+        for m in METRICS:
+            rng = p.spread.get(m)
+            bracket = "" if rng is None or p.runs < 2 else \
+                f" [{_num(rng[0])}-{_num(rng[1])}]"
+            cells.append(f"{_num(p.predicted[m])} / {_num(p.measured[m])}{bracket} "
+                         f"({_err(p.error(m))})")
+        lines.append(f"| {p.plan} | {p.concurrency} | " + " | ".join(cells) + " | "
+                     + " / ".join(_yes(p.within(m)) for m in TARGETS) + " |")
+    lines += ["", "What the engines saw (vLLM's /metrics, means over all runs of a point), and "
+                  "how the tokens reached the client:", "",
+              "| plan | conc. | prompts x runs | streamed tokens | TPOT ms: pred / engine (err) | "
+              "engine decode batch | engine queue + prefill ms | API-server TTFT ms | "
+              "load before / after |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for p in points:
+        e = engine_view(p)
+        lines.append(f"| {p.plan} | {p.concurrency} | {p.prompts} x {p.runs} | "
+                     f"{_share(p.streamed)} | {_num(p.predicted['tpot_ms'])} / "
+                     f"{_num(e['tpot_mean_ms'])} ({_err(p.engine_tpot_error())}) | "
+                     f"{_num(e['generated_per_step'])} | "
+                     f"{_num(e['queue_prefill_mean_ms'])} | {_num(e['api_ttft_mean_ms'])} | "
+                     f"{p.load[0]:.1f} / {p.load[1]:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the loop: calibration, deployment, runs -----------------------------------------------
+
+def write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, text)
+
+
+def engine_threads() -> int:
+    """Threads of the engine's worker: vLLM's CPU build binds it to every core this process may
+    use but one, which it keeps for the engine core and the API server."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+def engine_version() -> str:
+    """The engine environment's vLLM version, from its distribution metadata."""
+    for meta in sorted(engine_venv().glob("lib/python*/site-packages/vllm-*.dist-info/METADATA")):
+        for line in meta.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def calibrate(out: Path, quick: bool, threads: int) -> dict[str, Any]:
+    """Run `rackplan calibrate` for tiny-moe on this CPU into `out`; its manifest."""
+    from kernels.calibrate import calibrate as run
+
+    return run("cpu", "tiny-moe", quick, out, threads=threads)
+
+
+def free_base_port(count: int) -> int:
+    """A base port such that base-1 .. base+count-1 are free (the router sits at base-1)."""
+    for candidate in range(21000 + (os.getpid() * 37) % 20000, 61000, 61):
+        if all(_port_free(p) for p in range(candidate - 1, candidate + count)):
+            return candidate
+    raise RuntimeError(f"no {count + 1} consecutive free ports on this machine")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def read_metrics(urls: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """Every instance's ENGINE_SERIES from its /metrics."""
+    out = {}
+    for name, url in urls.items():
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+            out[name] = parse_prometheus(resp.read().decode(), ENGINE_SERIES.values())
+    return out
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Runs of one workload: each run's `vllm bench serve` JSON, the engines' figures over all
+    of them, and the load average before and after."""
+
+    results: list[dict[str, Any]]
+    engines: dict[str, dict[str, Any]]
+    load: tuple[float, float]
+
+
+class Loop:
+    """One closed-loop run: calibration folder, output folder, and what was fitted."""
+
+    def __init__(self, out: Path, calibration: Path, settings: Settings, model: str) -> None:
+        self.out, self.calibration, self.settings, self.model = out, calibration, settings, model
+        self.fit: dict[str, Any] = {}
+        self.points: list[Point] = []
+
+    def simulate(self, deployment: Deployment, workload: Workload,
+                 overhead: tuple[float, float, float] | None = None) -> dict[str, Any]:
+        """`simulate --json` metrics with the calibration folder's tables and, unless given,
+        its serving latencies (as `rackplan simulate PLAN --calibration DIR` gives them)."""
+        with calibration_dir(self.calibration):
+            if overhead is None:
+                options = sim_options(deployment)
+            else:
+                step, api, handoff = overhead
+                options = SimOptions(step_overhead_ms=step, api_overhead_ms=api,
+                                     handoff_ms=handoff)
+            return simulate(deployment, workload, options=options).metrics()
+
+    def plan_file(self, name: str, deployment: Deployment, workload: dict[str, Any],
+                  predicted: dict[str, Any]) -> Path:
+        """A plan.yaml that `rackplan simulate --calibration DIR` and run_bench read."""
+        doc = {"format": 1, "deployment": dump_deployment(deployment), "workload": workload,
+               "predicted": predicted}
+        return write_text(self.out / "plans" / f"{name}.yaml",
+                          f"# {name}: written by benchmarks/closed_loop.py\n"
+                          + yaml.safe_dump(doc, sort_keys=False))
+
+    def measure(self, backend: LocalBackend, name: str, deployment: Deployment,
+                workload: dict[str, Any], predicted: dict[str, Any] | None = None,
+                repeats: int = 1) -> Measured:
+        """`repeats` runs of `vllm bench serve` with `workload`, the engines' /metrics read
+        before the first and after the last."""
+        if predicted is None:
+            predicted = self.simulate(deployment, load_workload(workload))
+        plan = self.plan_file(name, deployment, workload, predicted)
+        urls = {p.instance: f"http://127.0.0.1:{p.port}" for p in backend.rendered.processes
+                if p.port is not None}
+        before, load0 = read_metrics(urls), os.getloadavg()[0]
+        results = []
+        for i in range(repeats):
+            run_dir = self.out / "runs" / name / f"run{i + 1}"
+            run_bench(plan, backend.url, run_dir, model=self.model, tokenizer=self.model,
+                      timeout_s=BENCH_TIMEOUT_S, detailed=True)
+            results.append(json.loads((run_dir / RESULT_FILE).read_text()))
+        after, load1 = read_metrics(urls), os.getloadavg()[0]
+        engines = {k: engine_figures(before[k], after[k]) for k in urls}
+        return Measured(results, engines, (load0, load1))
+
+    def run_plan(self, role: str, deployment: Deployment) -> None:
+        """Deploy one plan, warm it up, fit what it fits, measure every concurrency, tear
+        down (also on an error or Ctrl-C)."""
+        n = sum(r.instances for r in deployment.roles.values())
+        rendered = render_local(deployment, self.model, base_port=free_base_port(n))
+        backend = LocalBackend(rendered, self.out / "deploy" / role)
+        try:
+            started = time.monotonic()
+            backend.launch()
+            backend.wait_ready(READY_TIMEOUT_S)
+            say(f"{role}: ready in {time.monotonic() - started:.0f} s at {backend.url}")
+            self.fit_on(backend, role, deployment)
+            self.compare_on(backend, role, deployment)
+        finally:
+            backend.teardown()
+            left = backend.alive()
+            if left:
+                say(f"{role}: processes still alive after teardown: "
+                    f"{', '.join(str(r.pid) for r in left)}")
+
+    def fit_on(self, backend: LocalBackend, role: str, deployment: Deployment) -> None:
+        """After a discarded warm-up, the fitting runs at concurrency 1 (their own seed): the
+        aggregated plan fits the step and API overheads, the P/D plan the handoff. Written to
+        the calibration folder's serving_overhead.json."""
+        s = self.settings
+        self.measure(backend, f"{role}-warmup", deployment,
+                     workload_dict(s, 1, s.warmup_prompts, s.seed + 2))
+        fit_load = workload_dict(s, 1, s.fit_prompts, s.seed + 1)
+        got = self.measure(backend, f"{role}-fit", deployment, fit_load, repeats=s.repeats)
+        ttft = combine(got.results)[0]["ttft_ms"]
+        if ttft is None:
+            raise RuntimeError(f"the {role} fitting runs measured no TTFT")
+        workload = load_workload(fit_load)
+
+        def sim(step: float, api: float, handoff: float) -> dict[str, Any]:
+            return self.simulate(deployment, workload, (step, api, handoff))
+
+        about = {"fitted": datetime.now(UTC).date().isoformat(),
+                 "command": "benchmarks/closed_loop.py",
+                 "rule": "concurrency-1 runs of their own: step = engine mean TPOT - simulated "
+                         "kernels; api = TTFT p50 - simulated; handoff = P/D TTFT p50 - "
+                         "simulated"}
+        latencies: dict[str, float | None]
+        if role == "aggregated":
+            tpot = engine_view(Point(role, 1, 0, {}, {}, engine=got.engines))["tpot_mean_ms"]
+            if tpot is None:
+                raise RuntimeError("the aggregated fitting runs left no engine TPOT in vLLM's "
+                                   "/metrics")
+            fitted = fit_overheads(tpot, ttft, sim)
+            self.fit.update(fitted, engine_tpot_ms=tpot, ttft_p50_ms=ttft,
+                            streamed=streamed_share(got.results))
+            latencies = {"step_overhead_ms": fitted["step_overhead_ms"],
+                         "api_overhead_ms": fitted["api_overhead_ms"],
+                         "handoff_ms": None}  # a handoff fitted before belongs to older ones
+        else:
+            if "step_overhead_ms" not in self.fit:
+                raise RuntimeError("the P/D handoff is fitted after the aggregated plan's step "
+                                   "and API overheads; run the aggregated plan first")
+            handoff = fit_handoff(ttft, self.fit["step_overhead_ms"],
+                                  self.fit["api_overhead_ms"], sim)
+            self.fit.update(handoff_ms=handoff, pd_ttft_p50_ms=ttft)
+            latencies = {"handoff_ms": handoff}
+        write_user_serving_overhead(self.calibration, load_hardware(deployment.hardware).name,
+                                    deployment.engine, latencies, about)
+        say(f"{role}: fitted " + ", ".join(f"{k} {v:.3f}" for k, v in latencies.items()
+                                           if v is not None))
+
+    def compare_on(self, backend: LocalBackend, role: str, deployment: Deployment) -> None:
+        """Predict, then measure, every concurrency with the same workload."""
+        s = self.settings
+        for c in s.concurrencies:
+            w = workload_dict(s, c, s.prompts(c), s.seed)
+            sim_metrics = self.simulate(deployment, load_workload(w))
+            got = self.measure(backend, f"{role}-c{c}", deployment, w, sim_metrics, s.repeats)
+            measured, spread = combine(got.results)
+            point = Point(role, c, s.prompts(c),
+                          predicted_metrics(sim_metrics, deployment.gpus_used), measured,
+                          spread, len(got.results), streamed_share(got.results), got.engines,
+                          got.load)
+            self.points.append(point)
+            say(f"{role} c={c}: " + ", ".join(
+                f"{m} {_num(point.predicted[m])}/{_num(point.measured[m])}" for m in METRICS)
+                + f", streamed {_share(point.streamed)}")
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/closed-loop", help="folder for everything "
+                        "written (default runs/closed-loop)")
+    parser.add_argument("--calibration", metavar="DIR",
+                        help="reuse this `rackplan calibrate` folder (the fit is written into "
+                             "it) instead of calibrating into OUT/calibration")
+    parser.add_argument("--threads", type=int, default=engine_threads(),
+                        help="torch threads of the calibration (default: the engine worker's, "
+                             f"{engine_threads()} here)")
+    parser.add_argument("--pd", action="store_true",
+                        help="also the 1 prefill + 1 decode plan (fits the P/D handoff)")
+    parser.add_argument("--quick", action="store_true",
+                        help="quick calibration, concurrencies 1 and 4, 16 output tokens")
+    parser.add_argument("--concurrency", help="comma-separated concurrencies (default 1,4,16)")
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else Settings()
+    if args.concurrency:
+        try:
+            cs = tuple(int(c) for c in args.concurrency.split(","))
+        except ValueError:
+            cs = ()
+        if not cs or min(cs) < 1:
+            parser.error(f"--concurrency {args.concurrency!r} must be positive integers "
+                         "separated by commas")
+        settings = replace(settings, concurrencies=cs)
+    if args.threads < 1:
+        parser.error(f"--threads {args.threads} must be >= 1")
+    try:
+        return run(Path(args.out), args.calibration, settings, args.quick, args.threads,
+                   ("aggregated", "pd") if args.pd else ("aggregated",))
+    except KeyboardInterrupt:  # the deployment is torn down on the way out
+        print("closed_loop: interrupted; every process started was ended", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for people; the logs are under OUT
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"closed_loop: error: {first} (logs under {args.out})", file=sys.stderr)
+        return 1
+
+
+def run(out: Path, calibration: str | None, settings: Settings, quick: bool, threads: int,
+        roles: tuple[str, ...]) -> int:
+    if not default_vllm().exists():
+        raise RuntimeError(f"the engine environment is missing ({default_vllm()}); run "
+                           "`make engine`")
+    out.mkdir(parents=True, exist_ok=True)
+    if calibration is not None:
+        cal = Path(calibration)
+        manifest_path = cal / "manifest.json"
+        if not manifest_path.is_file():
+            raise RuntimeError(f"--calibration {cal} holds no manifest.json; give a folder "
+                               "written by `rackplan calibrate`")
+        manifest = json.loads(manifest_path.read_text())
+        source = f"reused ({'quick' if manifest.get('quick') else 'full'} sweep)"
+    else:
+        cal = out / "calibration"
+        say(f"calibrating tiny-moe on this CPU with {threads} torch threads")
+        manifest = calibrate(cal, quick, threads)
+        source = f"measured now ({'quick' if quick else 'full'} sweep, " \
+                 f"{manifest['wall_time_s']:.0f} s)"
+    model = str(ensure_tiny_model())
+    loop = Loop(out, cal, settings, model)
+    for role in roles:
+        deployment, _ = load_plan_or_deployment(PLANS[role])
+        loop.run_plan(role, deployment)
+    report = {
+        "date": datetime.now(UTC).date().isoformat(),
+        "machine": {"cpus": os.cpu_count(), "gpu": None, "engine": engine_version()},
+        "calibration": {"source": source, "threads": manifest["device"]["threads"],
+                        "date": manifest.get("date")},
+        "settings": asdict(settings), "targets": TARGETS, "fit": loop.fit,
+        "points": [p.to_dict() for p in loop.points],
+    }
+    md = to_markdown(report, loop.points)
+    write_text(out / "closed-loop.json", json.dumps(report, indent=2) + "\n")
+    write_text(out / "closed-loop.md", md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""benchmarks/closed_loop.py: its fit, engine-metric and report parts on synthetic numbers, and
+the whole loop with --quick against the real CPU engine (skipped without .venv-engine)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from executor.backends.local import default_vllm, group_members
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "closed_loop.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("closed_loop", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["closed_loop"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+cl = _load()
+
+
+def fake_simulate(kernel_ms=0.8, prefill_ms=3.0):
+    """A simulation whose TPOT is kernels + step overhead and whose TTFT is a prefill step plus
+    the API overhead and the handoff, as at concurrency 1."""
+    calls = []
+
+    def simulate(step, api, handoff):
+        calls.append((step, api, handoff))
+        return {"tpot_ms": {"p50": kernel_ms + step},
+                "ttft_ms": {"p50": prefill_ms + step + api + handoff}}
+
+    return simulate, calls
+
+
+def test_fit_recovers_step_and_api_overheads_from_synthetic_measurements():
+    simulate, calls = fake_simulate()
+    fit = cl.fit_overheads(engine_tpot_ms=2.3, ttft_p50_ms=30.0, simulate=simulate)
+    assert fit["kernel_tpot_ms"] == pytest.approx(0.8)
+    assert fit["step_overhead_ms"] == pytest.approx(1.5)
+    assert fit["simulated_ttft_ms"] == pytest.approx(4.5)
+    assert fit["api_overhead_ms"] == pytest.approx(25.5)
+    assert calls[0] == (0.0, 0.0, 0.0)  # the kernels alone first
+    handoff = cl.fit_handoff(60.0, fit["step_overhead_ms"], fit["api_overhead_ms"], simulate)
+    assert handoff == pytest.approx(30.0)
+
+
+def test_fit_floors_at_zero_and_refuses_non_numbers():
+    simulate, _ = fake_simulate(kernel_ms=5.0, prefill_ms=50.0)
+    fit = cl.fit_overheads(engine_tpot_ms=2.0, ttft_p50_ms=10.0, simulate=simulate)
+    assert fit["step_overhead_ms"] == 0.0 and fit["api_overhead_ms"] == 0.0
+    with pytest.raises(ValueError, match="TTFT p50 is nan"):
+        cl.fit_overheads(2.0, float("nan"), simulate)
+
+
+PROM_BEFORE = """# HELP vllm:e2e_request_latency_seconds x
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 10.0
+vllm:request_time_per_output_token_seconds_sum{engine="0",model_name="m"} 0.02
+vllm:request_time_per_output_token_seconds_count{engine="0",model_name="m"} 10.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 100.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 400.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 300.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 10.0
+"""
+PROM_AFTER = """vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 14.0
+vllm:request_time_per_output_token_seconds_sum{engine="0",model_name="m"} 0.03
+vllm:request_time_per_output_token_seconds_count{engine="0",model_name="m"} 14.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 150.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 600.0
+vllm:iteration_tokens_total_sum{engine="1",model_name="m"} 10.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 400.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.04
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 14.0
+"""
+
+
+def test_engine_figures_are_the_means_between_two_reads():
+    names = cl.ENGINE_SERIES.values()
+    before, after = cl.parse_prometheus(PROM_BEFORE, names), cl.parse_prometheus(PROM_AFTER,
+                                                                                  names)
+    assert after["vllm:iteration_tokens_total_sum"] == 610.0  # summed over label sets
+    got = cl.engine_figures(before, after)
+    assert got["requests"] == 4 and got["steps"] == 50
+    assert got["tokens_per_step"] == pytest.approx(210 / 50)
+    assert got["generated_per_step"] == pytest.approx(100 / 50)
+    assert got["tpot_mean_ms"] == pytest.approx(2.5)
+    assert got["queue_mean_ms"] == pytest.approx(10.0)
+    assert got["prefill_mean_ms"] is None and got["itl_mean_ms"] is None
+
+
+def test_points_score_errors_against_the_measurement_and_the_targets():
+    p = cl.Point("aggregated", 4, 16,
+                 predicted={"ttft_ms": 13.0, "tpot_ms": 2.0, "itl_ms": 2.0, "output_tok_s": 90.0},
+                 measured={"ttft_ms": 10.0, "tpot_ms": 2.5, "itl_ms": 0.0, "output_tok_s": None},
+                 spread={"ttft_ms": [8.0, 12.0], "tpot_ms": [2.5, 2.5], "itl_ms": [0.0, 0.0],
+                         "output_tok_s": None}, runs=3, streamed=0.25,
+                 engine={"aggregated-0": {"tpot_mean_ms": 2.4, "queue_mean_ms": 1.0,
+                                          "prefill_mean_ms": 4.0, "ttft_mean_ms": 7.0,
+                                          "generated_per_step": 3.5}}, load=(1.0, 1.5))
+    assert p.error("ttft_ms") == pytest.approx(0.3) and p.within("ttft_ms") is True
+    assert p.error("tpot_ms") == pytest.approx(-0.2) and p.within("tpot_ms") is True
+    assert p.error("itl_ms") is None and p.within("itl_ms") is None  # measured 0
+    assert p.within("output_tok_s") is None
+    d = p.to_dict()
+    assert d["within_target"] == {"ttft_ms": True, "tpot_ms": True, "output_tok_s": None}
+    json.dumps(d)
+    report = {"date": "2026-11-29", "machine": {"cpus": 2, "gpu": None, "engine": "0.32.0+cpu"},
+              "calibration": {"source": "reused (full sweep)", "threads": 1},
+              "settings": vars(cl.Settings()) | {"concurrencies": [1, 4, 16]},
+              "fit": {"step_overhead_ms": 1.5, "api_overhead_ms": 20.0}}
+    md = cl.to_markdown(report, [p])
+    assert "| aggregated | 4 | 13 / 10 [8-12] (+30%) | 2 / 2.5 [2.5-2.5] (-20%) |" in md
+    assert "| 90 / n/a (n/a) | yes / yes /  |" in md
+    assert "| aggregated | 4 | 16 x 3 | 25% | 2 / 2.4 (-17%) | 3.5 | 5 | 7 | 1.0 / 1.5 |" in md
+    assert p.engine_tpot_error() == pytest.approx(2.0 / 2.4 - 1)
+    assert "P/D handoff not fitted" in md and "step overhead 1.50 ms" in md
+
+
+def test_runs_combine_to_their_median_and_range_and_bursts_are_counted():
+    runs = [{"p50_ttft_ms": 30.0, "p50_tpot_ms": 2.0, "output_throughput": 100.0,
+             "itls": [[0.003, 0.00001, 0.00001], [0.002]]},
+            {"p50_ttft_ms": 10.0, "p50_tpot_ms": None, "output_throughput": 300.0},
+            {"p50_ttft_ms": 20.0, "p50_tpot_ms": 4.0, "output_throughput": 200.0}]
+    median, spread = cl.combine(runs)
+    assert median["ttft_ms"] == 20.0 and spread["ttft_ms"] == [10.0, 30.0]
+    assert median["tpot_ms"] == 3.0 and spread["tpot_ms"] == [2.0, 4.0]
+    assert median["itl_ms"] is None and spread["itl_ms"] is None
+    assert cl.streamed_share(runs) == pytest.approx(0.5)
+    assert cl.streamed_share(runs[1:]) is None
+
+
+def test_both_sides_get_the_same_closed_loop_workload():
+    from executor.bench import bench_settings
+    from simulator.specs.loading import load_workload
+
+    s = cl.Settings()
+    w = load_workload(cl.workload_dict(s, 16, s.prompts(16), 0))
+    b = bench_settings(w)
+    assert (b.max_concurrency, b.num_prompts, b.input_len, b.output_len) == (16, 64, 64, 64)
+    assert w.requests == 64 and s.prompts(1) == 8
+    assert cl.measured_metrics({"p50_ttft_ms": 5.0, "p50_tpot_ms": float("nan"),
+                                "output_throughput": 7})["tpot_ms"] is None
+    pred = cl.predicted_metrics({"ttft_ms": {"p50": 1.0}, "tpot_ms": {"p50": 2.0},
+                                 "itl_ms": {"p50": 3.0}, "output_tok_s_gpu": 50.0}, 2)
+    assert pred["output_tok_s"] == 100.0
+
+
+@pytest.mark.skipif(not default_vllm().exists(),
+                    reason=f"the engine environment is missing ({default_vllm()} not found); "
+                           "run `make engine`")
+def test_quick_loop_against_the_real_engine(tmp_path):
+    pytest.importorskip("torch", reason="rackplan calibrate needs torch")
+    out = tmp_path / "loop"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "closed-loop.json").read_text())
+    assert [p["concurrency"] for p in report["points"]] == [1, 4]
+    for p in report["points"]:
+        assert p["measured"]["output_tok_s"] > 0 and p["predicted"]["output_tok_s"] > 0
+        engine = p["engine"]["aggregated-0"]
+        assert engine["requests"] == p["prompts"] and engine["tpot_mean_ms"] > 0
+    assert report["fit"]["step_overhead_ms"] >= 0 and report["fit"]["api_overhead_ms"] >= 0
+    assert "| aggregated | 4 |" in (out / "closed-loop.md").read_text()
+    saved = json.loads((out / "calibration" / "serving_overhead.json").read_text())
+    assert set(saved["hardware"]["cpu"]["vllm"]) >= {"step_overhead_ms", "api_overhead_ms"}
+    # the prediction comes back from `rackplan simulate PLAN --calibration DIR` alone
+    sim = subprocess.run([sys.executable, "-m", "planner.cli", "simulate",
+                          str(out / "plans" / "aggregated-c4.yaml"), "--calibration",
+                          str(out / "calibration"), "--json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert sim.returncode == 0, sim.stderr
+    got = json.loads(sim.stdout)
+    assert got["ttft_ms"]["p50"] == pytest.approx(report["points"][1]["predicted"]["ttft_ms"])
+    assert got["tpot_ms"]["p50"] == pytest.approx(report["points"][1]["predicted"]["tpot_ms"])
+    pids = json.loads((out / "deploy" / "aggregated" / "pids.json").read_text())
+    assert pids and not [r for r in pids if group_members(r["pgid"])]

@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
@@ -64,7 +64,36 @@ def render_local(deployment: Deployment, model_path: str | None = None, base_por
     """`render` with every host on this machine (127.0.0.1), as the local backend needs."""
     per_host = load_hardware(deployment.hardware).gpus_per_host
     n = sum(r.instances * math.ceil(r.ranks / per_host) for r in deployment.roles.values())
-    return render(deployment, model_path, base_port, rpc_base_port, ["127.0.0.1"] * n, **kwargs)
+    rendered = render(deployment, model_path, base_port, rpc_base_port, ["127.0.0.1"] * n,
+                      **kwargs)
+    if deployment.hardware != "cpu":
+        return rendered
+    return bind_cores(rendered, sorted(os.sched_getaffinity(0)))
+
+
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+"""vLLM's CPU build: the cores a worker's OpenMP threads are pinned to ("0-3", "4")."""
+
+
+def bind_cores(rendered: Rendered, cores: list[int]) -> Rendered:
+    """Give each CPU engine process its own share of `cores`, so that instances on one machine
+    do not each spread their threads over every core and fight for them. With fewer cores than
+    processes, processes share cores round-robin."""
+    procs = rendered.processes
+    if len(procs) < 2 or not cores:
+        return rendered
+    out = []
+    for i, p in enumerate(procs):
+        if len(cores) >= len(procs):
+            share = len(cores) // len(procs)
+            mine = cores[i * share:(i + 1) * share]
+        else:
+            mine = [cores[i % len(cores)]]
+        spec = str(mine[0]) if len(mine) == 1 else f"{mine[0]}-{mine[-1]}"
+        if mine != list(range(mine[0], mine[-1] + 1)):
+            spec = ",".join(map(str, mine))
+        out.append(replace(p, env={**p.env, CPU_BIND_ENV: spec}))
+    return replace(rendered, processes=tuple(out))
 
 
 def gpus_here() -> int:

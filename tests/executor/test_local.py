@@ -62,7 +62,7 @@ def test_render_writes_one_command_line_per_process_and_the_router(tmp_path):
     procs = [line for line in lines if " serve " in line]
     assert len(procs) == 2 and os.access(commands, os.X_OK)
     for line, p in zip(procs, b.rendered.processes, strict=True):
-        assert line.startswith("HF_HUB_OFFLINE=1 setsid ")
+        assert line.startswith("HF_HUB_OFFLINE=1 ") and " setsid " in line
         assert f"{fake_vllm(tmp_path)} serve {MODEL}" in line
         assert line.endswith(f"> logs/{p.instance}-h0.log 2>&1 &")
     assert any("-m executor.proxy --config" in line for line in lines)

@@ -58,3 +58,18 @@ def test_gpu_rendering_keeps_cuda_graphs_and_nixl():
 def test_max_model_len_must_be_positive():
     with pytest.raises(SpecError, match="max_model_len=0 must be >= 1"):
         render(plan_deployment(TINY_AGG), max_model_len=0)
+
+
+def test_local_cpu_instances_get_their_own_cores():
+    from executor.backends.local import CPU_BIND_ENV, bind_cores, render_local
+
+    rendered = render_local(plan_deployment(TINY_PD))
+    bound = bind_cores(rendered, [0, 1])
+    assert [p.env[CPU_BIND_ENV] for p in bound.processes] == ["0", "1"]
+    four = bind_cores(rendered, [0, 1, 2, 3])
+    assert [p.env[CPU_BIND_ENV] for p in four.processes] == ["0-1", "2-3"]
+    shared = bind_cores(rendered, [5])
+    assert [p.env[CPU_BIND_ENV] for p in shared.processes] == ["5", "5"]
+    odd = bind_cores(rendered, [0, 2, 4, 6])
+    assert [p.env[CPU_BIND_ENV] for p in odd.processes] == ["0,2", "4,6"]
+    assert CPU_BIND_ENV in render_local(plan_deployment(TINY_PD)).processes[0].env

@@ -58,8 +58,8 @@ from simulator.specs.loading import dump_deployment, load_workload
 from simulator.specs.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANS = {"aggregated": ROOT / "tests/executor/data/tiny-moe-cpu-agg.yaml",
-         "pd": ROOT / "tests/executor/data/tiny-moe-cpu-pd.yaml"}
+PLANS = {"aggregated": ROOT / "examples/tiny-moe-cpu-agg.yaml",
+         "pd": ROOT / "examples/tiny-moe-cpu-pd.yaml"}
 """The tiny-moe plans on the cpu hardware: one aggregated instance; 1 prefill + 1 decode."""
 TARGETS = {"ttft_ms": 0.30, "tpot_ms": 0.20, "output_tok_s": 0.20}
 """Largest |predicted - measured| / measured that counts as within target (project issue 6)."""

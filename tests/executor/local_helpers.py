@@ -13,10 +13,10 @@ from simulator.specs.deployment import Deployment
 from simulator.specs.loading import load_deployment
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE / "data"
-TINY_PD = DATA / "tiny-moe-cpu-pd.yaml"
+EXAMPLES = HERE.parents[1] / "examples"
+TINY_PD = EXAMPLES / "tiny-moe-cpu-pd.yaml"
 """1 prefill + 1 decode instance of tiny-moe on the cpu hardware (a plan.yaml)."""
-TINY_AGG = DATA / "tiny-moe-cpu-agg.yaml"
+TINY_AGG = EXAMPLES / "tiny-moe-cpu-agg.yaml"
 """One aggregated tiny-moe instance on the cpu hardware (a plan.yaml)."""
 
 
@@ -39,7 +39,7 @@ def _free(port: int) -> bool:
 
 
 def plan_deployment(path: Path) -> Deployment:
-    """The deployment of a plan.yaml in tests/executor/data."""
+    """The deployment of a tiny-moe plan.yaml in examples/."""
     import yaml
 
     return load_deployment(yaml.safe_load(path.read_text())["deployment"])

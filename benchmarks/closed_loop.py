@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import sys
 import time
 import urllib.request
@@ -44,7 +43,13 @@ from typing import Any
 import yaml
 
 from executor.backends.base import write_atomic
-from executor.backends.local import LocalBackend, default_vllm, engine_venv, render_local
+from executor.backends.local import (
+    LocalBackend,
+    default_vllm,
+    engine_venv,
+    free_base_port,
+    render_local,
+)
 from executor.bench import RESULT_FILE, run_bench
 from executor.tinymodel import ensure_tiny_model
 from planner.evaluate import sim_options
@@ -390,23 +395,6 @@ def calibrate(out: Path, quick: bool, threads: int) -> dict[str, Any]:
     from kernels.calibrate import calibrate as run
 
     return run("cpu", "tiny-moe", quick, out, threads=threads)
-
-
-def free_base_port(count: int) -> int:
-    """A base port such that base-1 .. base+count-1 are free (the router sits at base-1)."""
-    for candidate in range(21000 + (os.getpid() * 37) % 20000, 61000, 61):
-        if all(_port_free(p) for p in range(candidate - 1, candidate + count)):
-            return candidate
-    raise RuntimeError(f"no {count + 1} consecutive free ports on this machine")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def read_metrics(urls: Mapping[str, str]) -> dict[str, dict[str, float]]:

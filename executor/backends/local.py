@@ -21,6 +21,7 @@ import math
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -94,6 +95,24 @@ def bind_cores(rendered: Rendered, cores: list[int]) -> Rendered:
             spec = ",".join(map(str, mine))
         out.append(replace(p, env={**p.env, CPU_BIND_ENV: spec}))
     return replace(rendered, processes=tuple(out))
+
+
+def free_base_port(count: int) -> int:
+    """A base port such that base-1 .. base+count-1 are free now on 127.0.0.1 (the router sits
+    at base-1), so that a local deployment does not collide with what already listens here."""
+    for candidate in range(20000 + (os.getpid() * 37) % 20000, 60000, 53):
+        if all(_port_free(p) for p in range(candidate - 1, candidate + count)):
+            return candidate
+    raise LaunchError(f"no {count + 1} consecutive free ports on this machine")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def gpus_here() -> int:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 from pathlib import Path
 
-from executor.backends.local import LocalBackend, render_local
+from executor.backends.local import LocalBackend, free_base_port, render_local
 from executor.render import Rendered
 from simulator.specs.deployment import Deployment
 from simulator.specs.loading import load_deployment
@@ -18,24 +16,6 @@ TINY_PD = EXAMPLES / "tiny-moe-cpu-pd.yaml"
 """1 prefill + 1 decode instance of tiny-moe on the cpu hardware (a plan.yaml)."""
 TINY_AGG = EXAMPLES / "tiny-moe-cpu-agg.yaml"
 """One aggregated tiny-moe instance on the cpu hardware (a plan.yaml)."""
-
-
-def free_base_port(count: int) -> int:
-    """A base port such that base-1 .. base+count-1 are free now (the router sits at base-1)."""
-    for candidate in range(20000 + (os.getpid() * 37) % 20000, 60000, 53):
-        ports = range(candidate - 1, candidate + count)
-        if all(_free(p) for p in ports):
-            return candidate
-    raise RuntimeError(f"no {count + 1} consecutive free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def plan_deployment(path: Path) -> Deployment:

@@ -219,3 +219,14 @@ def test_log_tail_keeps_the_last_non_blank_lines(tmp_path):
     log.write_text("".join(f"line {i}\n\n" for i in range(50)))
     assert log_tail(log) == [f"line {i}" for i in range(30, 50)]
     assert log_tail(tmp_path / "missing.log") == []
+
+
+def test_free_base_port_leaves_the_router_port_and_every_instance_port_free():
+    import socket
+
+    from executor.backends.local import free_base_port
+
+    base = free_base_port(3)
+    for port in range(base - 1, base + 3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # would raise if taken

@@ -2,7 +2,8 @@
 processes, write a target's files (dry run), launch locally in a worker thread and watch it, and
 benchmark the running deployment against the prediction.
 
-Launch backends come from `executor.backends` (`render`, `launch`, `wait_ready`, `teardown`) and
+Rendering and command lines are `rackplan deploy`'s own (executor.cli). Launch backends come from
+`executor.backends` (`render`, `launch`, `wait_ready`, `teardown`) and
 the benchmark from `executor.bench.run_bench`; both are imported only when used, and a missing
 piece is reported as `Unavailable` with a sentence, not a traceback.
 """
@@ -22,14 +23,18 @@ from typing import Any
 
 import yaml
 
-from executor.render import Rendered, render
+from executor.backends import BACKENDS
+from executor.backends.local import LocalBackend
+from executor.cli import local_command_lines, model_path
+from executor.cli import render_for as deploy_rendering
+from executor.render import Rendered
 from planner.plan import is_plan, write_plan
 from simulator.specs.deployment import Deployment
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import dump_deployment, dump_workload, load_deployment, load_workload
 from simulator.specs.workload import Workload
 
-TARGETS = ("local", "kubernetes", "slurm")
+TARGETS = tuple(BACKENDS)
 LOCALHOST = "127.0.0.1"
 
 
@@ -98,37 +103,23 @@ def served_model(deployment: Deployment, given: str | None, build: bool) -> str:
     """What vllm serves, as `rackplan deploy` decides it: the given path or id, else for
     tiny-moe the model built for the CPU engine (built now when `build`), else the plan's
     model."""
-    try:
-        from executor.cli import model_path
-    except ImportError:
-        return given or deployment.model
     return model_path(deployment, given or None, build)
 
 
-def render_for(deployment: Deployment, target: str, model_path: str | None = None) -> Rendered:
-    """The processes of `deployment` for `target`: on one machine (local) every host is this
-    one; elsewhere hosts keep their placeholder names (host0, host1, ...)."""
+def render_for(deployment: Deployment, target: str, model: str | None = None) -> Rendered:
+    """The processes of `deployment` for `target`, exactly as `rackplan deploy` renders them: on
+    one machine (local) every host is this one; elsewhere hosts keep their placeholder names
+    (host0, host1, ...)."""
     if target not in TARGETS:
         raise SpecError(f"unknown target {target!r}; valid targets: {', '.join(TARGETS)}")
-    model = served_model(deployment, model_path, build=False)
-    rendered = render(deployment, model_path=model)
-    if target != "local":
-        return rendered
-    hosts = len({(p.instance, p.host) for p in rendered.processes})
-    return render(deployment, model_path=model, hosts=[LOCALHOST] * hosts)
+    return deploy_rendering(target, deployment, served_model(deployment, model, build=False))
 
 
 def command_lines(target: str, rendered: Rendered) -> list[str]:
     """Each process as one shell line; for local, exactly as the local backend starts it (the
-    engine environment's vllm and its environment), when that backend is available."""
+    engine environment's vllm and its environment)."""
     if target == "local":
-        try:
-            from executor.backends.local import LocalBackend
-            from executor.cli import local_command_lines
-        except ImportError:
-            pass
-        else:
-            return list(local_command_lines(LocalBackend(rendered, Path("."))))
+        return local_command_lines(LocalBackend(rendered, Path(".")))
     return [p.command_line() for p in rendered.processes]
 
 

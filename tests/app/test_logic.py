@@ -309,3 +309,15 @@ def test_local_deploy_of_a_gpu_plan_on_a_machine_without_them_starts_nothing(
     job.job.join(30)
     assert job.job.phase == "failed" and "needs 72 h200 GPUs" in str(job.job.error)
     assert FakeBackend.calls == []
+
+
+def test_local_rendering_is_the_one_rackplan_deploy_launches() -> None:
+    from app.deploying import render_for
+    from executor.backends.local import CPU_BIND_ENV
+    from executor.cli import render_for as cli_render_for
+
+    plan = Path(__file__).resolve().parents[2] / "examples" / "tiny-moe-cpu-pd.yaml"
+    deployment = read_plan_path(plan).deployment
+    ui = render_for(deployment, "local", "/m")
+    assert ui == cli_render_for("local", deployment, "/m")
+    assert all(CPU_BIND_ENV in p.env for p in ui.processes)  # each engine on its own cores

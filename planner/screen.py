@@ -217,7 +217,8 @@ class _Disaggregated(_Model):
         src = next(n for n in names if n.startswith("prefill"))
         dst = next(n for n in names if n.startswith("decode"))
         gb_s = resolved.placement.transfer_gb_s(src, dst)
-        kv_bytes = resolved.model.kv_bytes(t.prompt, resolved.deployment.precision.kv_cache)
+        precision = resolved.deployment.precision
+        kv_bytes = resolved.model.kv_bytes(t.prompt, precision.kv_cache, precision.indexer_cache)
         self.fixed_s = (screen.overhead.api_overhead_ms + screen.overhead.handoff_ms) / 1e3 + (
             kv_bytes / (gb_s * 1e9))
 

@@ -54,7 +54,8 @@ def resolve(deployment: Deployment, calibration: Calibration | None = None,
     hardware = load_hardware(deployment.hardware, deployment.usd_per_gpu_hour)
     check_against_model(deployment, model)
     weights, kv = deployment.precision.weights, deployment.precision.kv_cache
-    memory = {name: check_memory(name, model, hardware, role, weights, kv)
+    indexer = deployment.precision.indexer_cache
+    memory = {name: check_memory(name, model, hardware, role, weights, kv, indexer=indexer)
               for name, role in deployment.roles.items()}
     names = {name: tuple(f"{name}-{i}" for i in range(role.instances))
              for name, role in deployment.roles.items()}
@@ -67,7 +68,7 @@ def resolve(deployment: Deployment, calibration: Calibration | None = None,
             name=name, spec=role,
             instance=instance_from_role(model, hardware, name, role, weights, kv,
                                         a2a_gb_s=placement.all_to_all_gb_s(names[name][0]),
-                                        overhead_ms=overhead_ms),
+                                        overhead_ms=overhead_ms, indexer_cache=indexer),
             memory=memory[name], instance_names=names[name])
         for name, role in deployment.roles.items()
     }

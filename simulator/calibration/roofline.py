@@ -84,3 +84,51 @@ def allreduce(nbytes: ArrayLike, gpus: ArrayLike, gb_s: float) -> np.ndarray:
     """Ring all-reduce: each GPU sends and receives 2 (n-1)/n of the message."""
     n = np.maximum(np.asarray(gpus, dtype=float), 1.0)
     return transfer(2 * (n - 1) / n * np.asarray(nbytes, dtype=float), gb_s)
+
+
+def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: ArrayLike, *,
+                     params: ArrayLike, heads: ArrayLike, qk_dim: float, v_dim: float, window: int,
+                     ratio: int, topk: int, index_heads: int, index_dim: int,
+                     entry_bytes: float, index_bytes: float, weights: str = "fp8") -> np.ndarray:
+    """One layer of compressed / sparse attention (DeepSeek-V4 SWA, CSA, HCA; V3.2 DSA) with its
+    projections: `batch` requests of `new` tokens after `past` cached ones.
+
+    Each query reads the last `window` raw entries, and the compressed entries (one per `ratio`
+    tokens; ratio 1 for V3.2's uncompressed latents): all of them, or the `topk` an indexer
+    picks when topk > 0; the indexer scores every compressed entry with its own keys. Compute
+    is the sum of the projection and indexer time (weights' dtype) and the attention core
+    (bf16); memory is weights + the entries each request reads + the query/output activations.
+    """
+    batch, new, past = (np.asarray(v, dtype=float) for v in (batch, new, past))
+    tokens = batch * new
+    seen = past + np.where(new > 1, (new + 1) / 2, new)  # mean context of a new token
+    end = past + new
+
+    def entries(c: np.ndarray) -> np.ndarray:
+        raw = np.minimum(c, window) if window else np.zeros_like(c)
+        if not ratio:
+            return raw
+        comp = c / ratio
+        return raw + (np.minimum(comp, topk) if topk else comp)
+
+    core = tokens * 2 * heads * (qk_dim + v_dim) * entries(seen)
+    indexer = tokens * 2 * index_heads * index_dim * seen / max(ratio, 1) if topk else 0.0
+    compute = ((2 * tokens * params + indexer) / hw.peak_flops(weights)
+               + core / hw.peak_flops("bf16"))
+    reads = np.where(new > 1, (np.minimum(end, window) if window else 0.0)
+                     + (end / ratio if ratio else 0.0), entries(end))
+    keys = end / max(ratio, 1) * index_bytes if topk else 0.0
+    nbytes = (params * DTYPE_BYTES[weights] + batch * (reads * entry_bytes + keys)
+              + tokens * heads * v_dim * 2 * 2)
+    return np.maximum(compute, nbytes / hw.hbm_bytes_s) * 1e3
+
+
+def mhc(hw: HardwareSpec, tokens: ArrayLike, hidden: ArrayLike, streams: ArrayLike,
+        sites: int = 2) -> np.ndarray:
+    """DeepSeek-V4 hyper-connection pre or post mixing of `tokens` (per site: read the
+    `streams` residual streams and the layer's output in fp32, write them back, and project the
+    streams to the mixing weights)."""
+    tokens, hidden, streams = (np.asarray(v, dtype=float) for v in (tokens, hidden, streams))
+    flops = sites * 2 * tokens * streams * hidden * (2 * streams + streams * streams)
+    nbytes = sites * tokens * hidden * (2 * streams + 1) * 4
+    return _ms(hw, flops, nbytes, "bf16")

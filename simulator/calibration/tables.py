@@ -13,15 +13,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from simulator.calibration import roofline as rf
 from simulator.calibration.grid import EXTRAPOLATED, ROOFLINE, SOURCES, Grid, worst
+from simulator.specs.attention import INDEXER_KEY_BYTES
+from simulator.specs.attention import kind as kind_of
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import HardwareSpec
+
+if TYPE_CHECKING:
+    from simulator.cost.step import Instance
+    from simulator.specs.attention import DSV4
+    from simulator.specs.model import ModelSpec
 
 ENGINES = ("vllm", "sglang", "trtllm")
 
@@ -38,6 +45,15 @@ OP_FILES: dict[str, tuple[str, str]] = {
     "nccl": ("comm", "nccl_perf.parquet"),
     "moe_wideep_generation": ("moe", "wideep_generation_moe_perf.parquet"),
     "moe_wideep_context": ("moe", "wideep_context_moe_perf.parquet"),
+    "dsa_context": ("sparse_attention", "dsa_context_module_perf.parquet"),
+    "dsa_generation": ("sparse_attention", "dsa_generation_module_perf.parquet"),
+    "dsv4_csa_context": ("sparse_attention", "dsv4_csa_context_module_perf.parquet"),
+    "dsv4_csa_generation": ("sparse_attention", "dsv4_csa_generation_module_perf.parquet"),
+    "dsv4_hca_context": ("sparse_attention", "dsv4_hca_context_module_perf.parquet"),
+    "dsv4_hca_generation": ("sparse_attention", "dsv4_hca_generation_module_perf.parquet"),
+    "dsv4_indexer": ("sparse_attention", "dsv4_paged_mqa_logits_module_perf.parquet"),
+    "dsv4_hca_attn": ("sparse_attention", "dsv4_hca_attn_module_perf.parquet"),
+    "mhc": ("mhc", "mhc_module_perf.parquet"),
 }
 OP_ENGINES = {"nccl": ("nccl",), "moe_wideep_generation": ("sglang",),
               "moe_wideep_context": ("sglang",)}
@@ -47,7 +63,8 @@ NCCL_OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
 GEMM_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"], "fp4": ["nvfp4"]}
 MOE_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"],
               "fp4": ["nvfp4", "w4a16_mxfp4"]}
-KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
+KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4"}
+DTYPE_BYTES_KV = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
 MLA_GEMM = {"bf16": "bfloat16", "fp8": "fp8_block", "fp4": "fp8_block"}
 FALLBACK = {"fp4": "fp8", "fp8": "bf16"}
 """When no row has a dtype, price with the next dtype's efficiency (flagged extrapolated)."""
@@ -81,6 +98,12 @@ def mla_shape_params(hidden: int, q_lora: int, kv_lora: int, nope: int, rope: in
     shared = hidden * q_lora + hidden * (kv_lora + rope)
     per_head = q_lora * (nope + rope) + kv_lora * (nope + v) + v * hidden
     return float(shared), float(per_head)
+
+
+def _measured_kv(kv_dtype: str) -> tuple[str, int]:
+    """The KV dtype whose rows price `kv_dtype`: itself, or fp8 for fp4 KV (no GQA/MLA table
+    measures an fp4 cache; the roofline carries the smaller reads), flagged extrapolated."""
+    return ("fp8", EXTRAPOLATED) if kv_dtype == "fp4" else (kv_dtype, 0)
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -320,8 +343,10 @@ class Calibration:
         fn = rf.attention_context if op == "attention_context" else rf.attention_generation
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-            rows = df[(df.kv_cache_dtype == KV_DTYPES[kv_dtype]) & (df.window_size == window)]
-            return self._nearest(rows, {"head_dim": head_dim, "num_key_value_heads": kv_heads})
+            kvd, floor = _measured_kv(kv_dtype)
+            rows = df[(df.kv_cache_dtype == KV_DTYPES[kvd]) & (df.window_size == window)]
+            rows, f2 = self._nearest(rows, {"head_dim": head_dim, "num_key_value_heads": kv_heads})
+            return rows, max(floor, f2)
 
         def roof(r: pd.DataFrame) -> np.ndarray:
             return fn(hw, r.batch_size, r[axis], r.num_heads.to_numpy(),
@@ -362,11 +387,12 @@ class Calibration:
                                  weights, kv_dtype)
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-            rows = df[(df.kv_cache_dtype == KV_DTYPES[kv_dtype])
+            kvd, floor = _measured_kv(kv_dtype)
+            rows = df[(df.kv_cache_dtype == KV_DTYPES[kvd])
                       & (df.gemm_type == MLA_GEMM[weights])]
             if context:
                 rows = rows[rows.step == 0]
-            return rows, 0 if shape == DSV3_MLA else EXTRAPOLATED
+            return rows, max(floor, 0 if shape == DSV3_MLA else EXTRAPOLATED)
 
         grid = self._grid((op, weights, kv_dtype, tuple(shape.items())), op, select,
                           ["batch_size", axis, "num_heads"],
@@ -387,6 +413,246 @@ class Calibration:
                        shape: dict[str, int], weights: str, kv_dtype: str) -> Priced:
         """Whole MLA block for one decode token per request over `context` cached tokens."""
         return self._mla("mla_generation", batch, context, heads, shape, weights, kv_dtype)
+
+    def _module_rows(self, df: pd.DataFrame, m: ModelSpec, kv_dtype: str,
+                     gemm: str) -> tuple[pd.DataFrame, int]:
+        """Rows of a sparse-attention module table measured on `m`'s architecture and head
+        count (any TP split of it), in the KV and GEMM dtypes when measured; floor
+        extrapolated when another shape or dtype stands in."""
+        floor = 0
+        rows = df[df.architecture == m.architecture]
+        if "tp_size" in rows.columns and (rows.tp_size > 1).any():
+            same = rows[rows.num_heads * rows.tp_size == m.num_attention_heads]
+        else:  # the table emulates TP by its local head count: pick the model by name
+            hidden = {"DeepSeek-V3.2": 7168, "GLM-5": 6144}
+            same = rows[[hidden.get(str(x).split("/")[-1], 0) == m.hidden for x in rows.model]]
+        if len(same):
+            rows = same
+        elif len(rows):
+            floor = EXTRAPOLATED
+        else:
+            rows, floor = df, EXTRAPOLATED
+        for col, want in (("kv_cache_dtype", KV_DTYPES.get(kv_dtype, "fp8")),
+                          ("gemm_type", gemm)):
+            pick = rows[rows[col] == want]
+            if len(pick):
+                rows = pick
+            else:
+                floor = EXTRAPOLATED
+                rows = rows[rows[col] == rows[col].iloc[0]]
+        return rows, floor
+
+    def _sparse(self, op: str, key: tuple[Any, ...], m: ModelSpec, kv_dtype: str, gemm: str,
+                context: bool, batch: np.ndarray, new: np.ndarray, past: np.ndarray,
+                heads: int, roof: Callable[[Any, Any, Any, Any], np.ndarray],
+                floor_extra: int = 0) -> Priced | None:
+        """A sparse-attention module table over (batch, isl, past, heads) in prefill or
+        (batch, context, heads) in decode; None when no table ships."""
+        if self.frame(op) is None and not self._other_frames(op):
+            return None
+        # Prefill axes: new tokens and where the chunk ends (past + new, positive on log axes).
+        axes = ["batch_size", "isl", "end", "num_heads"] if context else [
+            "batch_size", "step", "num_heads"]
+
+        def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+            rows, floor = self._module_rows(df, m, kv_dtype, gemm)
+            return rows.assign(end=rows.step + rows.isl), floor
+
+        def table_roof(r: pd.DataFrame) -> np.ndarray:
+            if context:
+                return roof(r.batch_size, r.isl, r.step, r.num_heads.to_numpy())
+            return roof(r.batch_size, np.ones(len(r)), r.step, r.num_heads.to_numpy())
+
+        grid = self._grid(key, op, select, axes, table_roof)
+        b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
+                                        for v in (batch, new, past)))
+        b, n = np.maximum(b, 1.0), np.maximum(n, 1.0)
+        h = np.full_like(b, heads)
+        if context:
+            pts = np.stack([b, n, np.maximum(p, 0.0) + n, h], axis=1)
+        else:
+            pts = np.stack([b, np.maximum(p, 1.0), h], axis=1)
+        got = self._price(grid, pts, roof(b, n, p, h), 0.3)
+        if floor_extra and got.source in SOURCES[:EXTRAPOLATED]:
+            got = Priced(got.ms, SOURCES[EXTRAPOLATED], got.table)
+        return got
+
+    def dsv4_module(self, kind: DSV4, context: bool, inst: Instance, batch: np.ndarray,
+                    new: np.ndarray, past: np.ndarray) -> Priced:
+        """One DeepSeek-V4 attention layer of `kind` (projections, compressor, indexer and
+        attention) from the measured dsv4 module tables; an SWA-only layer from the HCA table at
+        a window-length context (flagged extrapolated)."""
+        m = inst.model
+        heads = max(m.num_attention_heads // inst.tp, 1)
+        swa = kind.ratio == 0
+        fam = "csa" if kind.ratio == 4 else "hca"
+        op = f"dsv4_{fam}_{'context' if context else 'generation'}"
+        entry = kind.entry_bytes(m, inst.kv_cache)
+        proxy = kind_of("hca") if swa else kind
+        params = proxy.params(m) / (1 if inst.expert_parallel else inst.tp)
+        idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
+        hw = self.hardware
+
+        def roof(b: Any, n: Any, p: Any, h: Any) -> np.ndarray:
+            r = getattr(proxy, "ratio", 0)
+            return rf.sparse_attention(
+                hw, b, n, p, params=params, heads=h, qk_dim=m.head_dim, v_dim=m.head_dim,
+                window=m.sliding_window, ratio=r, topk=m.sparse_topk if r == 4 else 0,
+                index_heads=m.index_n_heads, index_dim=m.index_head_dim, entry_bytes=entry,
+                index_bytes=idx)
+
+        if swa:  # the window is all an SWA layer reads, whatever the context
+            past = np.minimum(past, m.sliding_window)
+        key = (op, m.architecture, m.num_attention_heads, inst.kv_cache, inst.indexer_cache,
+               inst.tp)
+        b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
+                                        for v in (batch, new, past)))
+        # Beyond the module table's measured contexts the layer grows by what its long-context
+        # kernels read: the module at its last measured context plus the measured growth of
+        # the indexer (CSA) or of the compressed attention (HCA) kernel from there on.
+        edge = self._edge(op, key, m, inst.kv_cache, "step" if not context else "end", b)
+        inside = np.maximum(np.minimum(p + (n if context else 0), edge) - (n if context else 0),
+                            0.0) if not swa else p
+        got = self._sparse(op, key, m, inst.kv_cache, "fp8_block", context, b, n, inside,
+                           heads, roof, floor_extra=int(swa))
+        assert got is not None  # roofline when no table ships
+        beyond = p > inside
+        if swa or not beyond.any():
+            return got
+        kernel = "dsv4_indexer" if kind.ratio == 4 else "dsv4_hca_attn"
+        kn = n if context else np.ones_like(n)
+        grow = self.dsv4_growth(kernel, inst, b, kn, inside, p)
+        return Priced(got.ms + np.where(beyond, grow, 0.0), SOURCES[max(
+            SOURCES.index(got.source), EXTRAPOLATED)], got.table)
+
+    def dsv4_growth(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,
+                    start: np.ndarray, stop: np.ndarray) -> np.ndarray:
+        """ms a V4 long-context kernel (`dsv4_indexer`, `dsv4_hca_attn`) adds when the prefix
+        grows from `start` to `stop` tokens: the extra reads and FLOPs at the rate the kernel's
+        table sustains on its largest measured work (the 90th percentile of roofline /
+        measured over rows at least a tenth of the largest), not at the efficiency of small
+        launches dominated by fixed costs."""
+        roof, _ = self._dsv4_kernel_roof(op, inst)
+        key = (op, "rate", inst.model.architecture, inst.kv_cache, inst.indexer_cache)
+        if key not in self._grids:
+            got = self.frame(op)
+            rate = 0.5
+            if got is not None:
+                rows, _ = self._module_rows(got[0], inst.model, inst.kv_cache, "fp8_block")
+                r = roof(rows.batch_size, rows.isl, rows.step, rows.num_heads.to_numpy())
+                big = r >= 0.1 * r.max()
+                rate = float(np.quantile(r[big] / rows.latency.to_numpy(float)[big], 0.9))
+            self._grids[key] = rate  # type: ignore[assignment]
+        rate = float(self._grids[key])  # type: ignore[arg-type]
+        heads = max(inst.model.num_attention_heads // inst.tp, 1)
+        return np.maximum(roof(batch, new, stop, heads) - roof(batch, new, start, heads),
+                          0.0) / rate
+
+    def _dsv4_kernel_roof(self, op: str, inst: Instance
+                          ) -> tuple[Callable[[Any, Any, Any, Any], np.ndarray], tuple[Any, ...]]:
+        m = inst.model
+        entry = kind_of("hca").entry_bytes(m, inst.kv_cache)  # type: ignore[attr-defined]
+        idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
+        hw = self.hardware
+
+        def roof(b: Any, n: Any, p: Any, h: Any) -> np.ndarray:
+            if op == "dsv4_indexer":
+                return rf.sparse_attention(hw, b, n, p, params=0.0, heads=0, qk_dim=0, v_dim=0,
+                                           window=0, ratio=4, topk=1,
+                                           index_heads=m.index_n_heads,
+                                           index_dim=m.index_head_dim, entry_bytes=0.0,
+                                           index_bytes=idx)
+            return rf.sparse_attention(hw, b, n, p, params=0.0, heads=h, qk_dim=m.head_dim,
+                                       v_dim=m.head_dim, window=m.sliding_window, ratio=128,
+                                       topk=0, index_heads=0, index_dim=0, entry_bytes=entry,
+                                       index_bytes=0.0)
+
+        return roof, (op, m.architecture, m.num_attention_heads, inst.kv_cache,
+                      inst.indexer_cache)
+
+    def _edge(self, op: str, key: tuple[Any, ...], m: ModelSpec, kv_dtype: str, axis: str,
+              batch: np.ndarray) -> np.ndarray:
+        """The longest context a module table measured at each queried batch (that of the
+        nearest measured batch at or above it); inf when no table ships."""
+        ek = (*key, "edge", axis)
+        if ek not in self._grids:
+            got = self.frame(op)
+            if got is None:
+                self._grids[ek] = None
+            else:
+                rows, _ = self._module_rows(got[0], m, kv_dtype, "fp8_block")
+                rows = rows.assign(end=rows.step + rows.isl)
+                most = rows.groupby("batch_size")[axis].max()
+                self._grids[ek] = (most.index.to_numpy(float), most.to_numpy(float))  # type: ignore[assignment]
+        found = self._grids[ek]
+        if found is None:
+            return np.full_like(batch, np.inf)
+        levels, longest = found  # type: ignore[misc]
+        i = np.clip(np.searchsorted(levels, batch), 0, len(levels) - 1)
+        return np.asarray(longest)[i]
+
+    def dsv4_kernel(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,
+                    past: np.ndarray) -> Priced:
+        """A DeepSeek-V4 long-context kernel of one layer from its measured table:
+        `dsv4_indexer` (the CSA indexer's paged MQA logits over every compressed key) or
+        `dsv4_hca_attn` (HCA's attention over the window and the compressed entries)."""
+        roof, key = self._dsv4_kernel_roof(op, inst)
+        heads = max(inst.model.num_attention_heads // inst.tp, 1)
+        got = self._sparse(op, key, inst.model, inst.kv_cache, "fp8_block", True, batch, new,
+                           past, heads, roof)
+        assert got is not None
+        return got
+
+    def dsa_module(self, context: bool, inst: Instance, batch: np.ndarray, new: np.ndarray,
+                   past: np.ndarray) -> Priced | None:
+        """One DeepSeek-V3.2 / GLM-5 sparse MLA layer (projections, indexer, top-k latent
+        attention) from the measured dsa module tables; None when none ships."""
+        m = inst.model
+        op = "dsa_context" if context else "dsa_generation"
+        heads = max(m.num_attention_heads // inst.tp, 1)
+        params_all = kind_of("dsa").params(m)
+        shared, per_head = mla_shape_params(m.hidden, m.q_lora_rank, m.kv_lora_rank,
+                                            m.head_dim - m.qk_rope_head_dim, m.qk_rope_head_dim,
+                                            m.v_head_dim)
+        indexer = params_all - shared - m.num_attention_heads * per_head
+        lat = (m.kv_lora_rank + m.qk_rope_head_dim) * DTYPE_BYTES_KV[inst.kv_cache]
+        idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
+        hw = self.hardware
+        weights = "bf16" if inst.weights == "bf16" else "fp8"
+
+        def roof(b: Any, n: Any, p: Any, h: Any) -> np.ndarray:
+            params = shared + indexer + np.asarray(h, dtype=float) * per_head
+            return rf.sparse_attention(
+                hw, b, n, p, params=params, heads=h,
+                qk_dim=m.kv_lora_rank + m.qk_rope_head_dim, v_dim=m.kv_lora_rank, window=0,
+                ratio=1, topk=m.sparse_topk, index_heads=m.index_n_heads,
+                index_dim=m.index_head_dim, entry_bytes=lat, index_bytes=idx, weights=weights)
+
+        key = (op, m.architecture, m.hidden, inst.kv_cache, inst.weights, inst.indexer_cache)
+        return self._sparse(op, key, m, inst.kv_cache, MLA_GEMM[inst.weights], context, batch,
+                            new, past, heads, roof)
+
+    def mhc(self, tokens: np.ndarray | float, hidden: int, streams: int, iters: int) -> Priced:
+        """DeepSeek-V4 hyper-connection pre + post mixing of one layer for `tokens` per rank."""
+        hw = self.hardware
+        t = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1.0)
+        total = np.zeros_like(t)
+        source, table = SOURCES[0], "roofline"
+        for phase in ("pre", "post"):
+            def select(df: pd.DataFrame, phase: str = phase) -> tuple[pd.DataFrame, int]:
+                rows = df[df.op_name == phase]
+                return self._nearest(rows, {"hidden_size": hidden, "hc_mult": streams,
+                                            "sinkhorn_iters": iters})
+
+            grid = self._grid(("mhc", phase, hidden, streams, iters), "mhc", select,
+                              ["num_tokens"],
+                              lambda r: rf.mhc(hw, r.num_tokens, r.hidden_size.to_numpy(),
+                                               r.hc_mult.to_numpy()))
+            p = self._price(grid, t[:, None], rf.mhc(hw, t, hidden, streams), 0.3)
+            total = total + p.ms
+            source = SOURCES[max(SOURCES.index(source), SOURCES.index(p.source))]
+            table = p.table
+        return Priced(total, source, table)
 
     def all_to_all(self, tokens: np.ndarray | float, hidden: int, topk: int, experts: int,
                    ep: int, phase: str, low_latency: bool, gb_s: float) -> Priced:

@@ -43,7 +43,7 @@ class RankMemory:
 
 
 def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weights: str,
-                kv_cache: str) -> RankMemory:
+                kv_cache: str, indexer: str = "fp8") -> RankMemory:
     """Memory of one rank of an instance.
 
     DEP: attention, dense and shared weights are replicated on every rank; each rank holds
@@ -67,10 +67,12 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
     else:
         held = (replicated + experts_total) / role.ranks
         kv_split = role.tp or 1
-    # MLA's latent cache is not split by TP (every rank keeps all of it); GQA heads are.
-    kv = model.kv_bytes_per_token(kv_cache)
-    if model.attention == "gqa" and kv_split > 1:
-        kv /= min(kv_split, model.num_kv_heads)
+    # Each kind says how a TP group splits its cache (GQA by KV heads; latent caches not).
+    model.kv_bytes_per_token(kv_cache, indexer)  # checks the dtypes
+    kv = sum(k.kv_token_bytes(model, kv_cache, indexer) * n / k.kv_split(model, kv_split)
+             for k, n in model.kinds())
+    if kv <= 0:  # every layer windowed: a pool token is one token of a window
+        kv = model.kv_bytes(1, kv_cache, indexer)
     return RankMemory(
         budget=hardware.hbm_bytes * role.gpu_memory_utilization,
         weights=held,
@@ -83,12 +85,13 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
 
 
 def check_memory(name: str, model: ModelSpec, hardware: HardwareSpec, role: RoleSpec,
-                 weights: str, kv_cache: str, min_kv_tokens: int | None = None) -> RankMemory:
+                 weights: str, kv_cache: str, min_kv_tokens: int | None = None,
+                 indexer: str = "fp8") -> RankMemory:
     """The rank's memory, or a SpecError with the numbers when it does not fit.
 
     The KV pool must hold at least `min_kv_tokens` (default: one max_num_batched_tokens chunk).
     """
-    mem = rank_memory(model, hardware, role, weights, kv_cache)
+    mem = rank_memory(model, hardware, role, weights, kv_cache, indexer)
     need = min_kv_tokens if min_kv_tokens is not None else role.max_num_batched_tokens
     if mem.kv_tokens < need:
         gb = 1e9

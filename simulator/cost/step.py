@@ -40,6 +40,8 @@ class Instance:
     """TP layouts only: MoE experts split over the TP ranks (vLLM --enable-expert-parallel)."""
     weights: str = "fp8"
     kv_cache: str = "fp8"
+    indexer_cache: str = "fp8"
+    """Sparse-attention indexer key cache dtype (DeepSeek-V3.2 / V4): fp8 or fp4."""
     redundant_experts: int = 0
     spec_tokens: int = 0
     """MTP draft tokens per step (0: no speculative decoding)."""
@@ -85,14 +87,15 @@ class Instance:
 
 def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str, role: RoleSpec,
                        weights: str, kv_cache: str, a2a_gb_s: float = 0.0,
-                       overhead_ms: float | None = None) -> Instance:
+                       overhead_ms: float | None = None,
+                       indexer_cache: str = "fp8") -> Instance:
     """The cost-model view of one instance of a deployment role."""
     spec = role.speculative
     return Instance(
         model=model, hardware=hardware, role=role_name, ranks=role.ranks,
         expert_parallel=role.dep is not None,
         tp_expert_parallel=role.dep is None and role.enable_expert_parallel,
-        weights=weights, kv_cache=kv_cache,
+        weights=weights, kv_cache=kv_cache, indexer_cache=indexer_cache,
         redundant_experts=role.redundant_experts,
         spec_tokens=spec.tokens if spec else 0, spec_acceptance=spec.acceptance if spec else 0.0,
         a2a_gb_s=a2a_gb_s,
@@ -176,80 +179,29 @@ def _per_rank(a: np.ndarray, ranks: int) -> np.ndarray:
 def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ctx: np.ndarray,
                pre_tok: np.ndarray, pre_req: np.ndarray, pre_ctx: np.ndarray,
                led: _Ledger) -> np.ndarray:
-    """Per-rank ms of one layer's attention block (projections included)."""
-    m, tp = inst.model, inst.tp
-    heads = max(m.num_attention_heads // tp, 1)
+    """Per-rank ms of every attention layer of the model, each priced by its kind."""
+    m = inst.model
     out = np.zeros_like(decode_b)
-    dec = decode_b > 0
-    pre = pre_tok > 0
-    if m.attention == "mla":
-        shape = {"hidden": m.hidden, "q_lora": m.q_lora_rank, "kv_lora": m.kv_lora_rank,
-                 "nope": m.head_dim - m.qk_rope_head_dim, "rope": m.qk_rope_head_dim,
-                 "v": m.v_head_dim}
+    dec, pre = decode_b > 0, pre_tok > 0
+    for kind, layers in m.kinds():
         if dec.any():
-            ctx = decode_ctx[dec]
-            if m.sparse_topk:  # DeepSeek-V3.2: each query attends to at most sparse_topk tokens
-                ctx = np.minimum(ctx, m.sparse_topk)
-            p = cal.mla_generation(decode_b[dec] * (1 + inst.spec_tokens), ctx, heads, shape,
-                                   inst.weights, inst.kv_cache)
-            out[dec] += p.ms
-            led.provenance["attention.decode"] = f"{p.source} ({p.table})"
+            parts = kind.decode(cal, inst, decode_b[dec] * (1 + inst.spec_tokens), decode_ctx[dec])
+            for name, p in parts.items():
+                ms = layers * p.ms
+                out[dec] += ms
+                led.parts[f"attention.{kind.name}.decode.{name}"] = (
+                    led.parts.get(f"attention.{kind.name}.decode.{name}", 0.0) + float(ms.max()))
+                led.provenance[f"attention.{kind.name}.decode.{name}"] = f"{p.source} ({p.table})"
         if pre.any():
             isl = pre_tok[pre] / np.maximum(pre_req[pre], 1)
-            p = cal.mla_context(pre_req[pre], isl, heads, shape, inst.weights, inst.kv_cache)
-            out[pre] += p.ms
-            past = pre_ctx[pre] > 0
-            if past.any():  # the chunk also attends to earlier tokens: add their core cost
-                n, seff = isl[past], _effective_isl(isl[past], pre_ctx[pre][past])
-                b = pre_req[pre][past]
-                longer = cal.mla_context(b, seff, heads, shape, inst.weights, inst.kv_cache)
-                same = cal.mla_context(b, n, heads, shape, inst.weights, inst.kv_cache)
-                extra = np.maximum(longer.ms - same.ms, 0.0) * _mla_core_share(m, seff)
-                out[np.flatnonzero(pre)[past]] += extra
-            led.provenance["attention.prefill"] = f"{p.source} ({p.table})"
-        return out
-    kvh = max(m.num_kv_heads // tp, 1)
-    tokens = decode_b * (1 + inst.spec_tokens) + pre_tok
-    q_out = heads * m.head_dim
-    qkv = cal.gemm(tokens, q_out + 2 * kvh * m.head_dim, m.hidden, inst.weights)
-    o = cal.gemm(tokens, m.hidden, q_out, inst.weights)
-    out += np.where(tokens > 0, qkv.ms + o.ms, 0.0)
-    led.provenance["attention.qkv_proj"] = f"{qkv.source} ({qkv.table})"
-    led.provenance["attention.o_proj"] = f"{o.source} ({o.table})"
-    full, slide = m.full_attention_layers / m.layers, m.sliding_layers / m.layers
-    for frac, window in ((full, 0), (slide, m.sliding_window)):
-        if frac == 0:
-            continue
-        if dec.any():
-            ctx = decode_ctx[dec] if not window else np.minimum(decode_ctx[dec], window)
-            p = cal.attention_generation(decode_b[dec] * (1 + inst.spec_tokens), ctx, heads,
-                                         kvh, m.head_dim, inst.kv_cache, window)
-            out[dec] += frac * p.ms
-            led.provenance[f"attention.decode{'_window' if window else ''}"] = (
-                f"{p.source} ({p.table})")
-        if pre.any():
-            isl = pre_tok[pre] / np.maximum(pre_req[pre], 1)
-            # A chunk after a cached prefix does the causal work of a longer prompt.
-            seff = isl if window else _effective_isl(isl, pre_ctx[pre])
-            p = cal.attention_context(pre_req[pre], seff, heads, kvh, m.head_dim, inst.kv_cache,
-                                      window)
-            out[pre] += frac * p.ms
-            led.provenance[f"attention.prefill{'_window' if window else ''}"] = (
-                f"{p.source} ({p.table})")
+            parts = kind.prefill(cal, inst, pre_req[pre], isl, pre_ctx[pre])
+            for name, p in parts.items():
+                ms = layers * p.ms
+                out[pre] += ms
+                key = f"attention.{kind.name}.prefill.{name}"
+                led.parts[key] = led.parts.get(key, 0.0) + float(ms.max())
+                led.provenance[key] = f"{p.source} ({p.table})"
     return out
-
-
-def _effective_isl(new: np.ndarray, past: np.ndarray) -> np.ndarray:
-    """Prompt length whose causal attention work equals `new` tokens after `past` cached ones:
-    new * (past + new / 2) = s^2 / 2."""
-    return np.sqrt(new * new + 2 * new * past)
-
-
-def _mla_core_share(m: ModelSpec, isl: np.ndarray) -> np.ndarray:
-    """Share of an MLA prefill block's FLOPs that is attention core (the rest: projections)."""
-    core = 2 * m.num_attention_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim) * isl / 2
-    proj = 2 * m.attention_params()
-    return core / (core + proj)
 
 
 def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
@@ -272,8 +224,11 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
     logits = dec_b * (1 + spec) + pre_req
 
     # Attention: every layer, slowest DP rank.
-    attn_layer = _attention(inst, cal, dec_b, dec_ctx, pre_tok, pre_req, pre_ctx, led)
-    led.add("attention", "attention", None, m.layers * float(attn_layer.max()))
+    attn = _attention(inst, cal, dec_b, dec_ctx, pre_tok, pre_req, pre_ctx, led)
+    _charge_parts(led, "attention", "attention.", float(attn.max()))
+    if m.hc_mult > 1:  # V4 hyper-connections: pre and post mixing around both sublayers
+        mhc = cal.mhc(tokens, m.hidden, m.hc_mult, m.hc_sinkhorn_iters)
+        led.add("other", "mhc", mhc, m.layers * float(mhc.ms.max()))
 
     # Dense MLP layers and the shared experts run on each rank's own tokens.
     if m.dense_layers:
@@ -296,15 +251,18 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
         else:
             received = np.full(ep, tokens.sum() * m.top_k / ep)
         router = cal.gemm(tokens, m.n_routed_experts, m.hidden, "bf16")
-        led.add("moe", "router", router, moe_layers * float(router.ms.max()))
+        # Hash-routed layers (V4) look their experts up by token id: no gate GEMM.
+        gated = max(moe_layers - m.hash_layers, 0)
+        led.add("moe", "router", router, gated * float(router.ms.max()))
+        expert_dtype = m.expert_weights(inst.weights)
         group_tokens = received.max() * ep / m.top_k  # a balanced group loading every rank so
         if dp > 1 and inst.all2all.startswith("deepep"):  # wide EP: only routed tokens arrive
             experts = cal.moe_wideep(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
-                                     m.n_routed_experts, ep, inst.weights,
+                                     m.n_routed_experts, ep, expert_dtype,
                                      inst.all2all == "deepep_low_latency")
         else:  # every rank sees every token (TP, or all-gather EP)
             experts = cal.moe(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
-                              m.n_routed_experts, ep, inst.weights, tp=inst.moe_tp)
+                              m.n_routed_experts, ep, expert_dtype, tp=inst.moe_tp)
         led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
         if ep > 1 and dp > 1:  # DP ranks exchange tokens; a TP group already holds them all
             _token_exchange(inst, cal, tokens, moe_layers, led)
@@ -328,6 +286,16 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
     accepted = dec_b * _expected_accepted(spec, inst.spec_acceptance) + pre_tok
     total = float(sum(led.ms.values()))
     return StepTime(total, dict(led.ms), led.provenance, led.parts, float(accepted.sum()))
+
+
+def _charge_parts(led: _Ledger, category: str, prefix: str, total: float) -> None:
+    """Book `total` (the slowest rank's ms) under `category`, and rescale the per-op parts
+    that start with `prefix` (each its own slowest rank) so that they sum to it."""
+    keys = [k for k in led.parts if k.startswith(prefix)]
+    parts = sum(led.parts[k] for k in keys)
+    for k in keys:
+        led.parts[k] = led.parts[k] * total / parts if parts > 0 else 0.0
+    led.ms[category] += total
 
 
 def _token_exchange(inst: Instance, cal: Calibration, tokens: np.ndarray, moe_layers: int,

@@ -55,6 +55,9 @@ class Shared:
     sink: Sink
     prefix_hit_rate: float
     """Share of a prompt served from cache when the request carries no block ids."""
+    kv_cost: Callable[[float], float] = float
+    """KV pool tokens a request of a given context takes (the model's windows, compressed
+    entries and per-request state, in units of one full token's KV)."""
 
 
 class Engine:
@@ -66,7 +69,7 @@ class Engine:
         self.name, self.spec, self.pricer, self.experts = name, spec, pricer, experts
         self.dp = pricer.instance.dp
         self.spec_tokens = pricer.instance.spec_tokens
-        self.kv = KvPool(self.dp, kv_tokens, lambda: self.env.now)
+        self.kv = KvPool(self.dp, kv_tokens, lambda: self.env.now, shared.kv_cost)
         self._wake = self.env.event()
         self._idle = False
         self.env.process(self._loop())

@@ -15,9 +15,13 @@ class KvPool:
     waited for KV space.
     """
 
-    def __init__(self, ranks: int, capacity: int, clock: Callable[[], float]) -> None:
+    def __init__(self, ranks: int, capacity: int, clock: Callable[[], float],
+                 cost: Callable[[float], float] = float) -> None:
         self.capacity = int(capacity)
         """Tokens one rank holds."""
+        self.cost = cost
+        """Pool tokens a request of a given context takes (its context, for a model whose KV
+        grows by the same bytes every token)."""
         self.used = np.zeros(ranks)
         self.clock = clock
         self.wait_s = 0.0
@@ -29,13 +33,13 @@ class KvPool:
         """Whether `tokens` more fit on `rank`; a request larger than a whole empty rank is let
         in alone rather than waiting forever."""
         used = self.used[rank]
-        return bool(used + tokens <= self.capacity or used == 0)
+        return bool(used + self.cost(tokens) <= self.capacity or used == 0)
 
     def take(self, rank: int, tokens: float) -> None:
-        self.used[rank] += tokens
+        self.used[rank] += self.cost(tokens)
 
     def give(self, rank: int, tokens: float) -> None:
-        self.used[rank] = max(self.used[rank] - tokens, 0.0)
+        self.used[rank] = max(self.used[rank] - self.cost(tokens), 0.0)
 
     def note(self, rank: int, blocked: bool, waiting: int) -> None:
         """After an admission attempt: whether the head was refused for KV, and the queue left."""

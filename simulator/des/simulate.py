@@ -121,7 +121,9 @@ class _Run:
         self.infos: dict[str, InstanceInfo] = {}
         self.pricers: dict[tuple[str, float], StepPricer] = {}
         self.shared = Shared(self.env, self.table, self.recorder, self,
-                             workload.prefix_hit_rate)
+                             workload.prefix_hit_rate,
+                             self.model.kv_token_cost(deployment.precision.kv_cache,
+                                                      deployment.precision.indexer_cache))
         for role in self._running_roles():
             self.engines[role] = [self._engine(role, i) for i in
                                   range(deployment.roles[role].instances)]
@@ -172,7 +174,8 @@ class _Run:
         if pricer is None:
             inst = instance_from_role(m, hw, role, spec, d.precision.weights,
                                       d.precision.kv_cache, a2a_gb_s=a2a,
-                                      overhead_ms=self.opts.step_overhead_ms)
+                                      overhead_ms=self.opts.step_overhead_ms,
+                                      indexer_cache=d.precision.indexer_cache)
             pricer = self.pricers[(role, a2a)] = StepPricer(inst, self.calibration,
                                                             self.opts.price_bits)
         kv_tokens = self.kv_tokens[role]
@@ -235,7 +238,8 @@ class _Run:
             return
         prefill, prefill_rank = source
         nbytes = self.model.kv_bytes(float(self.table.input_len[rid]),
-                                     self.deployment.precision.kv_cache)
+                                     self.deployment.precision.kv_cache,
+                                     self.deployment.precision.indexer_cache)
 
         def activate(_: simpy.Event) -> None:
             engine.activate(rank, slot)

@@ -41,8 +41,11 @@ class Precision(BaseModel):
 
     weights: Dtype = "fp8"
     """Weight dtype: bf16, fp8, or fp4 (NVFP4/MXFP4 MoE) (default fp8)."""
-    kv_cache: Literal["bf16", "fp8"] = "fp8"
-    """KV-cache dtype: bf16 or fp8 (default fp8)."""
+    kv_cache: Literal["bf16", "fp8", "fp4"] = "fp8"
+    """KV-cache dtype: bf16, fp8, or fp4 (default fp8)."""
+    indexer_cache: Literal["fp8", "fp4"] = "fp8"
+    """Dtype of the sparse-attention indexer's key cache (DeepSeek-V3.2 / V4): fp8, or fp4
+    (vLLM --attention-config.use_fp4_indexer_cache) (default fp8)."""
 
 
 class Speculative(BaseModel):

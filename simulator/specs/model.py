@@ -7,6 +7,7 @@ KV-cache bytes per token, and FLOPs per token per operation.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
@@ -15,11 +16,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from simulator.specs.attention import DSV4_RATIOS, AttentionKind, check_kv_dtype
+from simulator.specs.attention import kind as attention_kind
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import DTYPE_BYTES
 
-Component = Literal["embedding", "attention", "dense_mlp", "routed_experts", "shared_experts",
-                    "router", "lm_head", "mtp"]
+Component = Literal["embedding", "attention", "mhc", "dense_mlp", "routed_experts",
+                    "shared_experts", "router", "lm_head", "mtp"]
 
 PRESET_DIR = "presets/models"
 
@@ -42,32 +45,45 @@ class ModelSpec(BaseModel):
     """Layers with a dense MLP; the rest have an MoE block."""
     vocab: int = Field(ge=1)
     """Vocabulary size."""
-    attention: Literal["mla", "gqa"]
-    """Attention kind: multi-head latent (DeepSeek, Kimi, GLM-5) or grouped-query."""
+    attention: Literal["mla", "gqa", "dsv4"]
+    """Attention family: multi-head latent (DeepSeek-V3, Kimi, GLM-5), grouped-query, or
+    DeepSeek-V4's compressed attention; each layer's kind is in `layer_kinds`."""
     num_attention_heads: int = Field(ge=1)
     """Query heads."""
     num_kv_heads: int = Field(ge=1)
-    """KV heads (GQA); equals query heads for MLA."""
+    """KV heads (GQA; 1 for DeepSeek-V4); equals query heads for MLA."""
     head_dim: int = Field(ge=1)
-    """Per-head dimension of q/k (GQA) or qk_nope + qk_rope (MLA)."""
+    """Per-head dimension of q/k (GQA, V4) or qk_nope + qk_rope (MLA)."""
     q_lora_rank: int = Field(0, ge=0)
-    """MLA query compression rank (0: no compression)."""
+    """MLA / V4 query compression rank (0: no compression)."""
     kv_lora_rank: int = Field(0, ge=0)
     """MLA latent KV rank."""
     qk_rope_head_dim: int = Field(0, ge=0)
-    """MLA rotary part of each head."""
+    """MLA / V4 rotary part of each head."""
     v_head_dim: int = Field(0, ge=0)
     """MLA value head dimension."""
+    o_lora_rank: int = Field(0, ge=0)
+    """V4 output projection rank per group (0: no low-rank output)."""
+    o_groups: int = Field(0, ge=0)
+    """V4 output projection groups."""
     sliding_window: int = Field(0, ge=0)
-    """Window of sliding-window layers in tokens (0: none)."""
+    """Window of sliding-window layers in tokens (0: none); V4: the raw window every layer
+    keeps."""
     sliding_layers: int = Field(0, ge=0)
-    """How many layers use the sliding window."""
+    """How many GQA layers use the sliding window."""
+    compress_ratios: tuple[int, ...] = ()
+    """V4: per layer (MTP layers last) 0 = sliding window only, 4 = CSA, 128 = HCA."""
     sparse_topk: int = Field(0, ge=0)
-    """DeepSeek-V3.2 / GLM-5 sparse attention: tokens each query attends to (0: dense)."""
+    """Sparse attention (DeepSeek-V3.2, GLM-5, V4's CSA): entries each query attends to
+    (0: dense)."""
     index_head_dim: int = Field(0, ge=0)
-    """Sparse-attention indexer key dimension, cached per token per layer."""
+    """Sparse-attention indexer key dimension, cached per (compressed) token per layer."""
     index_n_heads: int = Field(0, ge=0)
     """Sparse-attention indexer query heads (DeepSeek-V3.2: 64, GLM-5: 32)."""
+    hc_mult: int = Field(1, ge=1)
+    """V4 hyper-connections: residual streams per token (1: a plain residual)."""
+    hc_sinkhorn_iters: int = Field(0, ge=0)
+    """V4 hyper-connections: Sinkhorn iterations of each mixing-matrix projection."""
     dense_intermediate: int = Field(0, ge=0)
     """Intermediate size of dense MLP layers."""
     n_routed_experts: int = Field(0, ge=0)
@@ -80,6 +96,12 @@ class ModelSpec(BaseModel):
     """Intermediate size of one expert."""
     mtp_layers: int = Field(0, ge=0)
     """Multi-token-prediction layers usable as a speculative draft."""
+    hash_layers: int = Field(0, ge=0)
+    """V4: first MoE layers that route each token by a hash of its id (balanced by
+    construction, no learned popularity)."""
+    expert_dtype: Literal["bf16", "fp8", "fp4"] | None = None
+    """The checkpoint's routed-expert dtype (V4 ships fp4 experts); experts are never served
+    wider than stored (None: as the deployment's weights)."""
 
     @property
     def is_moe(self) -> bool:
@@ -89,33 +111,54 @@ class ModelSpec(BaseModel):
     def moe_layers(self) -> int:
         return self.layers - self.dense_layers
 
+    # ---- attention kinds --------------------------------------------------------------------
+
+    @property
+    def layer_kinds(self) -> tuple[tuple[str, int], ...]:
+        """(attention kind, layers of that kind) over the decoder layers, MTP excluded."""
+        if self.attention == "dsv4":
+            counts = Counter(DSV4_RATIOS[r] for r in self.compress_ratios[:self.layers])
+            return tuple((k, counts[k]) for k in DSV4_RATIOS.values() if counts[k])
+        if self.attention == "mla":
+            return (("dsa" if self.sparse_topk else "mla", self.layers),)
+        pairs = (("gqa", self.layers - self.sliding_layers), ("swa_gqa", self.sliding_layers))
+        return tuple((k, n) for k, n in pairs if n)
+
+    def kinds(self) -> list[tuple[AttentionKind, int]]:
+        """The attention kind objects of `layer_kinds`, with their layer counts."""
+        return [(attention_kind(k), n) for k, n in self.layer_kinds]
+
+    @property
+    def mtp_kind(self) -> AttentionKind:
+        """The attention kind of the MTP layers (V4 lists it after the decoder layers)."""
+        if self.attention == "dsv4" and len(self.compress_ratios) > self.layers:
+            return attention_kind(DSV4_RATIOS[self.compress_ratios[self.layers]])
+        return self.kinds()[0][0]
+
     # ---- parameters -------------------------------------------------------------------------
 
-    def attention_params(self) -> int:
-        """Weights of one attention block (projections only)."""
-        h, n = self.hidden, self.num_attention_heads
-        if self.attention == "mla":
-            nope = self.head_dim - self.qk_rope_head_dim
-            q = (h * self.q_lora_rank + self.q_lora_rank * n * self.head_dim
-                 if self.q_lora_rank else h * n * self.head_dim)
-            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * n * (
-                nope + self.v_head_dim)
-            # Indexer: wq_b (q_lora -> heads x dim), wk (hidden -> dim), weights_proj (-> heads).
-            indexer = (self.index_n_heads * (self.q_lora_rank * self.index_head_dim + h)
-                       + h * self.index_head_dim if self.sparse_topk else 0)
-            return q + kv + n * self.v_head_dim * h + indexer
-        return h * n * self.head_dim + 2 * h * self.num_kv_heads * self.head_dim + (
-            n * self.head_dim * h)
+    def attention_params(self) -> float:
+        """Projection weights of one attention block, averaged over the decoder layers."""
+        return sum(k.params(self) * n for k, n in self.kinds()) / self.layers
 
     def expert_params(self) -> int:
         """Weights of one routed expert (gate, up, down)."""
         return 3 * self.hidden * self.moe_intermediate
 
+    def mhc_params(self) -> int:
+        """V4 hyper-connection mixing weights of one layer: two sites (attention, FFN), each
+        projecting the hc_mult streams to pre/post weights and an hc_mult x hc_mult mix."""
+        if self.hc_mult <= 1:
+            return 0
+        n = self.hc_mult
+        return 2 * (n * self.hidden * (2 * n + n * n) + 2 * n + n * n)
+
     def params(self) -> dict[Component, int]:
         """Parameter count per component over the whole model."""
         out: dict[Component, int] = {
             "embedding": self.vocab * self.hidden,
-            "attention": self.layers * self.attention_params(),
+            "attention": sum(k.params(self) * n for k, n in self.kinds()),
+            "mhc": self.layers * self.mhc_params(),
             "dense_mlp": self.dense_layers * 3 * self.hidden * self.dense_intermediate,
             "routed_experts": self.moe_layers * self.n_routed_experts * self.expert_params(),
             "shared_experts": self.moe_layers * self.n_shared_experts * self.expert_params(),
@@ -124,8 +167,9 @@ class ModelSpec(BaseModel):
             "mtp": 0,
         }
         if self.mtp_layers:
-            layer = (self.attention_params() + (self.n_routed_experts + self.n_shared_experts)
-                     * self.expert_params() + self.hidden * self.n_routed_experts)
+            layer = (self.mtp_kind.params(self) + self.mhc_params()
+                     + (self.n_routed_experts + self.n_shared_experts) * self.expert_params()
+                     + self.hidden * self.n_routed_experts)
             out["mtp"] = self.mtp_layers * (layer + 2 * self.hidden * self.hidden)
         return out
 
@@ -143,40 +187,55 @@ class ModelSpec(BaseModel):
 
         bf16: everything 2 bytes. fp8: linear layers 1 byte, embedding / lm_head / router bf16.
         fp4: routed experts in 4-bit (NVFP4/MXFP4 incl. block scales), other linears fp8.
+        Routed experts are never wider than the checkpoint stores them (`expert_dtype`).
         """
         if weights not in DTYPE_BYTES:
             raise SpecError(f"weights={weights!r} is not one of {', '.join(DTYPE_BYTES)}")
         linear = DTYPE_BYTES["bf16" if weights == "bf16" else "fp8"]
-        experts = DTYPE_BYTES[weights]
+        experts = min(DTYPE_BYTES[weights], DTYPE_BYTES[self.expert_dtype or weights])
         per_byte: dict[Component, float] = {
-            "embedding": 2.0, "lm_head": 2.0, "router": 2.0, "attention": linear,
+            "embedding": 2.0, "lm_head": 2.0, "router": 2.0, "attention": linear, "mhc": 2.0,
             "dense_mlp": linear, "routed_experts": experts, "shared_experts": linear, "mtp": linear,
         }
         return {k: v * per_byte[k] for k, v in self.params().items()}
 
+    def expert_weights(self, weights: str) -> str:
+        """The dtype the routed experts are served in for a deployment's weight precision."""
+        if self.expert_dtype and DTYPE_BYTES[self.expert_dtype] < DTYPE_BYTES[weights]:
+            return self.expert_dtype
+        return weights
+
     # ---- KV cache ---------------------------------------------------------------------------
 
-    def kv_bytes_per_token_layer(self, kv_dtype: str) -> float:
-        """KV-cache bytes one token occupies in one layer."""
-        if kv_dtype not in ("bf16", "fp8"):
-            raise SpecError(f"kv_cache={kv_dtype!r} is not one of bf16, fp8")
-        b = DTYPE_BYTES[kv_dtype]
-        if self.attention == "mla":
-            per = (self.kv_lora_rank + self.qk_rope_head_dim) * b
-            if self.index_head_dim:
-                per += self.index_head_dim + 4  # fp8 indexer key + its fp32 scale
-            return per
-        return 2 * self.num_kv_heads * self.head_dim * b
+    def kv_bytes_per_token(self, kv_dtype: str, indexer: str = "fp8") -> float:
+        """KV bytes one more context token adds over all layers, for contexts longer than any
+        window (windowed layers add nothing; compressed layers a share of an entry)."""
+        check_kv_dtype(kv_dtype, indexer)
+        return float(sum(k.kv_token_bytes(self, kv_dtype, indexer) * n for k, n in self.kinds()))
 
-    def kv_bytes_per_token(self, kv_dtype: str) -> float:
-        """KV bytes per token over all layers, for contexts longer than any sliding window."""
-        return self.full_attention_layers * self.kv_bytes_per_token_layer(kv_dtype)
+    def kv_bytes(self, context: float, kv_dtype: str, indexer: str = "fp8") -> float:
+        """KV bytes one request of `context` tokens holds over all layers (windows, compressed
+        entries and per-request compressor state included)."""
+        check_kv_dtype(kv_dtype, indexer)
+        return float(sum(k.kv_bytes(self, context, kv_dtype, indexer) * n
+                         for k, n in self.kinds()))
 
-    def kv_bytes(self, context: float, kv_dtype: str) -> float:
-        """KV bytes one request of `context` tokens holds (sliding layers keep only the window)."""
-        per = self.kv_bytes_per_token_layer(kv_dtype)
-        sliding = self.sliding_layers * min(context, self.sliding_window)
-        return per * (self.full_attention_layers * context + sliding)
+    def kv_fixed_bytes(self, kv_dtype: str, indexer: str = "fp8") -> float:
+        """KV bytes a long request holds beyond `kv_bytes_per_token` x context."""
+        check_kv_dtype(kv_dtype, indexer)
+        return float(sum(k.kv_fixed_bytes(self, kv_dtype, indexer) * n
+                         for k, n in self.kinds()))
+
+    def kv_token_cost(self, kv_dtype: str, indexer: str = "fp8") -> Callable[[float], float]:
+        """Context -> KV pool tokens one request takes, a pool token being the KV one more
+        context token adds (`kv_bytes_per_token`): the context itself for a model whose every
+        layer grows alike, more for windows and per-request compressor state."""
+        per = self.kv_bytes_per_token(kv_dtype, indexer)
+        if not self.kv_fixed_bytes(kv_dtype, indexer) or per <= 0:
+            return float
+        def cost(context: float) -> float:
+            return self.kv_bytes(context, kv_dtype, indexer) / per
+        return cost
 
     @property
     def full_attention_layers(self) -> int:
@@ -185,23 +244,19 @@ class ModelSpec(BaseModel):
     # ---- FLOPs ------------------------------------------------------------------------------
 
     def attended_context(self, context: float) -> float:
-        """Tokens one query attends to in a full-attention layer."""
-        return min(context, self.sparse_topk) if self.sparse_topk else context
+        """Entries one query attends to in the model's first non-windowed layer kind."""
+        k = self.kinds()[-1][0] if self.attention != "dsv4" else attention_kind("csa")
+        return float(k.attended(self, context))
 
     def attention_core_flops(self, context: float) -> float:
-        """Score + value FLOPs of one new token over all layers (decode form; MLA absorbed)."""
-        if self.attention == "mla":
-            per_ctx = 2 * self.num_attention_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
-        else:
-            per_ctx = 2 * self.num_attention_heads * 2 * self.head_dim
-        window = min(context, self.sliding_window) if self.sliding_window else 0.0
-        return per_ctx * (self.full_attention_layers * self.attended_context(context)
-                          + self.sliding_layers * window)
+        """Score + value (+ indexer) FLOPs of one new token over all layers (decode form; MLA
+        absorbed)."""
+        return float(sum(k.core_flops(self, context) * n for k, n in self.kinds()))
 
     def flops_per_token(self, context: float = 0.0) -> dict[str, float]:
         """FLOPs per token per operation over all layers."""
         return {
-            "attention_proj": 2.0 * self.layers * self.attention_params(),
+            "attention_proj": 2.0 * self.params()["attention"],
             "attention_core": self.attention_core_flops(context),
             "dense_mlp": 2.0 * self.dense_layers * 3 * self.hidden * self.dense_intermediate,
             "routed_experts": 2.0 * self.moe_layers * self.top_k * self.expert_params(),
@@ -245,6 +300,46 @@ def _from_deepseek(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
         top_k=_get(cfg, "num_experts_per_tok", default=0),
         moe_intermediate=_get(cfg, "moe_intermediate_size", default=0),
         mtp_layers=_get(cfg, "num_nextn_predict_layers", default=0),
+    )
+
+
+def _from_deepseek_v4(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
+    """DeepSeek-V4 (Flash, Pro): compressed attention per layer from compress_ratios,
+    hash-routed first MoE layers, hyper-connections, fp4 experts, MTP."""
+    layers = int(cfg["num_hidden_layers"])
+    mtp = int(_get(cfg, "num_nextn_predict_layers", default=0))
+    ratios = cfg["compress_ratios"]
+    if not isinstance(ratios, list) or len(ratios) not in (layers, layers + mtp):
+        got = len(ratios) if isinstance(ratios, list) else type(ratios).__name__
+        raise SpecError(f"{name}: compress_ratios has {got} entries; {arch} with "
+                        f"num_hidden_layers={layers} and num_nextn_predict_layers={mtp} needs "
+                        f"{layers + mtp} (one per decoder layer, then one per MTP layer)")
+    odd = sorted({r for r in ratios if r not in DSV4_RATIOS}, key=str)
+    if odd:
+        raise SpecError(f"{name}: compress_ratios holds {', '.join(map(str, odd))}; each entry "
+                        f"must be one of {', '.join(map(str, DSV4_RATIOS))} (0 sliding window "
+                        "only, 4 CSA, 128 HCA)")
+    experts = cfg.get("expert_dtype")
+    if experts not in (None, "bf16", "fp8", "fp4"):
+        raise SpecError(f"{name}: expert_dtype={experts!r} is not one of bf16, fp8, fp4")
+    return ModelSpec(
+        name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers, dense_layers=0,
+        vocab=cfg["vocab_size"], attention="dsv4",
+        num_attention_heads=cfg["num_attention_heads"],
+        num_kv_heads=_get(cfg, "num_key_value_heads", default=1),
+        head_dim=cfg["head_dim"], q_lora_rank=cfg["q_lora_rank"],
+        qk_rope_head_dim=cfg["qk_rope_head_dim"], v_head_dim=cfg["head_dim"],
+        o_lora_rank=cfg["o_lora_rank"], o_groups=cfg["o_groups"],
+        sliding_window=cfg["sliding_window"], compress_ratios=tuple(int(r) for r in ratios),
+        sparse_topk=cfg["index_topk"], index_head_dim=cfg["index_head_dim"],
+        index_n_heads=cfg["index_n_heads"],
+        hc_mult=_get(cfg, "hc_mult", default=1),
+        hc_sinkhorn_iters=_get(cfg, "hc_sinkhorn_iters", default=0),
+        n_routed_experts=cfg["n_routed_experts"],
+        n_shared_experts=_get(cfg, "n_shared_experts", default=0),
+        top_k=cfg["num_experts_per_tok"], moe_intermediate=cfg["moe_intermediate_size"],
+        mtp_layers=mtp, hash_layers=_get(cfg, "num_hash_layers", default=0),
+        expert_dtype=experts,
     )
 
 
@@ -305,6 +400,7 @@ BUILDERS: dict[str, Builder] = {
     "DeepseekV3ForCausalLM": _from_deepseek,
     "DeepseekV32ForCausalLM": _from_deepseek,
     "GlmMoeDsaForCausalLM": _from_deepseek,
+    "DeepseekV4ForCausalLM": _from_deepseek_v4,
     "KimiK2ForCausalLM": _from_deepseek,
     "KimiK25ForConditionalGeneration": _text_model(_from_deepseek),
     "Qwen3MoeForCausalLM": _from_gqa,
@@ -317,8 +413,8 @@ BUILDERS: dict[str, Builder] = {
 }
 """Architecture class -> builder; one table of supported architectures."""
 
-_HYBRID = ("ModelSpec has only MLA/GQA layers, whose KV cache grows per token, and no layers "
-           "with a constant-size recurrent state")
+_HYBRID = ("ModelSpec has only attention layers, whose KV cache grows with the context, and no "
+           "layers with a constant-size recurrent state")
 UNSUPPORTED = {
     "Qwen3_5MoeForConditionalGeneration":
         f"it mixes Gated DeltaNet linear-attention layers with full attention; {_HYBRID}",

@@ -71,7 +71,9 @@ def test_measured_tables_price_a_tiny_moe_step(quick, batch):
                     expert_parallel=False, weights="bf16", kv_cache="bf16")
     st = step_time(inst, batch, cal)
     priced = {op: v for op, v in st.provenance.items() if op != "overhead"}
-    assert {"attention.qkv_proj", "routed_experts", "lm_head"} <= set(priced)
+    phase = "decode" if batch.decode_requests.sum() else "prefill"
+    assert {f"attention.gqa.{phase}.qkv_proj", f"attention.gqa.{phase}.core", "routed_experts",
+            "lm_head"} <= set(priced)
     assert all("(user/" in v for v in priced.values()), priced
     assert np.isfinite(st.total_ms) and st.total_ms > st.breakdown["other"]
 

@@ -104,7 +104,8 @@ def check_flags(deployment: Deployment, rendered: Rendered, with_vllm: bool) -> 
     from simulator.specs.model import load_model
 
     model = load_model(deployment.model)
-    check_rendered(rendered, model.n_routed_experts if model.is_moe else None)
+    check_rendered(rendered, model.n_routed_experts if model.is_moe else None,
+                   model.architecture, deployment.hardware)
     if not with_vllm:
         return
     from executor.vllm_args import check_with_vllm

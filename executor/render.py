@@ -10,6 +10,9 @@ with what that build can run: ExampleConnector (KV handed over through a shared 
 the same producer/consumer roles, `--enforce-eager` instead of a CUDA-graph compilation config,
 an explicit `--max-model-len`, a fixed KV-cache size and block size instead of a memory share,
 and no NIXL environment.
+What a model family needs beyond that (DeepSeek-V4's block size, tokenizer mode, indexer cache
+and MegaMoE backend; the vLLM name of each KV-cache precision) comes from the table in
+executor/families.py, keyed by the model's architecture.
 Rendering is pure: no process is started and nothing is written.
 """
 
@@ -20,6 +23,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
+from executor.families import deployment_problems, family_for
 from simulator.specs.deployment import Deployment, RoleSpec, check_against_model
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import load_hardware
@@ -28,7 +32,6 @@ from simulator.specs.model import load_model
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 CUDA_GRAPHS = {"prefill": "NONE", "decode": "FULL_DECODE_ONLY", "aggregated": "FULL_AND_PIECEWISE"}
 """Per-role CUDA-graph mode: prefill steps vary too much to capture; decode captures whole steps."""
-MTP_METHOD = "mtp"
 NIXL_BASE_PORT = 5600
 CPU_HARDWARE = "cpu"
 """Hardware preset whose deployments run on vLLM's CPU build."""
@@ -83,22 +86,33 @@ def role_flags(deployment: Deployment, role_name: str, role: RoleSpec,
     """Flags every host of an instance of this role gets (before its per-host DP flags).
     `kv_dir` and `max_model_len` only matter on the cpu hardware."""
     cpu = deployment.hardware.lower() == CPU_HARDWARE
-    memory = (["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES), "--block-size",
-               str(CPU_BLOCK_SIZE)] if cpu else
+    architecture = load_model(deployment.model).architecture
+    family = family_for(architecture)
+    kv_dtype = family.kv_cache_dtype(deployment.precision.kv_cache)
+    if kv_dtype is None:
+        raise SpecError(deployment_problems(deployment, architecture)[0])
+    block = family.block_sizes[0] if family.block_sizes else (CPU_BLOCK_SIZE if cpu else None)
+    memory = (["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)] if cpu else
               ["--gpu-memory-utilization", str(role.gpu_memory_utilization)])
     flags = ["--max-num-seqs", str(role.max_num_seqs),
              "--max-num-batched-tokens", str(role.max_num_batched_tokens), *memory,
-             "--kv-cache-dtype", "fp8" if deployment.precision.kv_cache == "fp8" else "auto"]
+             *(["--block-size", str(block)] if block is not None else []),
+             "--kv-cache-dtype", kv_dtype, *family.flags(deployment)]
     if role.tp is not None and role.tp > 1:
         flags += ["--tensor-parallel-size", str(role.tp)]
     if role.expert_parallel:
-        flags += ["--enable-expert-parallel", "--all2all-backend", role.backend(role_name)]
+        flags.append("--enable-expert-parallel")
+        if family.uses_mega_moe(deployment, role):  # it dispatches and combines itself
+            flags += ["--moe-backend", str(family.mega_moe)]
+        else:
+            flags += ["--all2all-backend", role.backend(role_name)]
     if role.redundant_experts:
         flags += ["--enable-eplb", "--eplb-config",
                   _compact({"num_redundant_experts": role.redundant_experts})]
     if role.speculative is not None:
         flags += ["--speculative-config", _compact(
-            {"method": MTP_METHOD, "num_speculative_tokens": role.speculative.tokens})]
+            {"method": family.speculative_method,
+             "num_speculative_tokens": role.speculative.tokens})]
     if role_name in KV_ROLE:
         connector: dict[str, object] = {"kv_connector": "NixlConnector",
                                         "kv_role": KV_ROLE[role_name]}
@@ -173,8 +187,13 @@ def _host(hosts: list[str] | None, index: int) -> str:
 
 def check_rules(deployment: Deployment) -> None:
     """vLLM's own rules for the flags we render, as one clear SpecError each: the model's rules
-    (expert divisibility, MTP layers, TP and heads) and the flags' own."""
-    check_against_model(deployment, load_model(deployment.model))
+    (expert divisibility, MTP layers, TP and heads), the precisions vLLM has for the model's
+    family on this hardware (executor/families.py), and the flags' own."""
+    model = load_model(deployment.model)
+    check_against_model(deployment, model)
+    problems = deployment_problems(deployment, model.architecture)
+    if problems:
+        raise SpecError(problems[0])
     for name, role in deployment.roles.items():
         if role.redundant_experts and not role.expert_parallel:
             raise SpecError(f"{name}: --enable-eplb needs --enable-expert-parallel; give dep")

@@ -1,10 +1,11 @@
 """vLLM's own rules for a `vllm serve` command line, checked without vLLM.
 
 Each rule mirrors a check vLLM makes when it builds its engine configuration (ParallelConfig,
-KVTransferConfig, SpeculativeConfig, `vllm serve`'s load-balancing modes), so a rendered
-deployment that breaks one is refused here, in one sentence, before anything is written or
-started. `flag_problems` checks one process's flags; `check_rendered` checks every process of a
-rendered deployment and raises one SpecError naming each problem once.
+KVTransferConfig, SpeculativeConfig, `vllm serve`'s load-balancing modes, and, given the
+model's architecture and the hardware, the attention and MoE backends of its family), so a
+rendered deployment that breaks one is refused here, in one sentence, before anything is written
+or started. `flag_problems` checks one process's flags; `check_rendered` checks every process of
+a rendered deployment and raises one SpecError naming each problem once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from executor.families import (
+    FAMILIES,
+    INDEXER_KV_DTYPES,
+    SM100_HARDWARE,
+    SM100_ONLY,
+    family_for,
+    indexer_architectures,
+)
 from simulator.specs.errors import SpecError
 
 if TYPE_CHECKING:
@@ -71,15 +80,20 @@ def _json(flags: Flags, name: str) -> dict[str, object] | None:
 
 
 def flag_problems(argv: Sequence[str], role: str | None = None,
-                  routed_experts: int | None = None) -> list[str]:
+                  routed_experts: int | None = None, architecture: str | None = None,
+                  hardware: str | None = None) -> list[str]:
     """Every rule of vLLM's that these flags break, one sentence each (empty when none).
 
     `role` (prefill, decode, aggregated) adds the P/D rule on kv_role; `routed_experts` (the
-    model's routed experts per MoE layer) adds the EPLB divisibility rule."""
+    model's routed experts per MoE layer) adds the EPLB divisibility rule; `architecture` (the
+    model's Hugging Face class) adds its family's KV-cache, block-size, indexer and MoE-backend
+    rules; `hardware` (a preset name) adds the Blackwell-only ones."""
     try:
         flags = parse_flags(argv)
         problems = [*_eplb(flags, routed_experts), *_data_parallel(flags),
-                    *_load_balancing(flags), *_speculative(flags), *_kv_transfer(flags, role)]
+                    *_load_balancing(flags), *_speculative(flags), *_kv_transfer(flags, role),
+                    *_attention(flags, architecture), *_moe_backend(flags, architecture),
+                    *_blackwell_only(flags, hardware)]
     except SpecError as e:
         return [str(e)]
     return problems
@@ -195,12 +209,80 @@ def _kv_transfer(flags: Flags, role: str | None) -> list[str]:
     return []
 
 
-def check_rendered(rendered: Rendered, routed_experts: int | None = None) -> None:
+def _attention(flags: Flags, architecture: str | None) -> list[str]:
+    """The KV-cache dtype, block size and indexer cache vLLM's attention backends take for the
+    model's family (executor/families.py names the vLLM file of each)."""
+    attention = _json(flags, "--attention-config") or {}
+    problems = []
+    if "use_fp4_indexer_cache" in attention:  # vllm/config/attention.py forbids unknown keys
+        problems.append("--attention-config use_fp4_indexer_cache is not a field of vLLM "
+                        "0.32's attention config; give indexer_kv_dtype 'mxfp4' for an fp4 "
+                        "indexer cache (or 'fp8')")
+    if architecture is None:
+        return problems
+    family = family_for(architecture)
+    kv = flags.get("--kv-cache-dtype")
+    valid_kv = family.vllm_kv_cache_dtypes
+    if isinstance(kv, str) and valid_kv is not None and kv not in valid_kv:
+        problems.append(f"--kv-cache-dtype {kv} is not one vLLM's attention backends for "
+                        f"{architecture} take; use one of {', '.join(valid_kv)}")
+    block = flags.get("--block-size")
+    if block is not None and family.block_sizes:
+        size = _int(flags, "--block-size", 0)
+        if size not in family.block_sizes:
+            sizes = " or ".join(str(b) for b in family.block_sizes)
+            problems.append(f"--block-size {size} is not one the attention kernels of "
+                            f"{architecture} support; use --block-size {sizes}")
+    indexer = attention.get("indexer_kv_dtype")
+    if indexer is not None and indexer != "auto":
+        if not family.sparse_indexer:
+            problems.append(f"--attention-config indexer_kv_dtype={indexer!r} applies to models "
+                            f"with a DeepSeek sparse-attention indexer "
+                            f"({', '.join(indexer_architectures())}), not {architecture}; "
+                            "drop it")
+        elif indexer not in INDEXER_KV_DTYPES:
+            problems.append(f"--attention-config indexer_kv_dtype={indexer!r} is not one the "
+                            f"DeepSeek sparse indexer supports; use one of "
+                            f"{', '.join(INDEXER_KV_DTYPES)}")
+    return problems
+
+
+def _moe_backend(flags: Flags, architecture: str | None) -> list[str]:
+    """A family's own MegaMoE kernel needs expert parallelism and that family."""
+    backend = flags.get("--moe-backend")
+    mega = {f.mega_moe for f in FAMILIES.values() if f.mega_moe is not None}
+    if not isinstance(backend, str) or backend.replace("-", "_") not in mega:
+        return []
+    problems = []
+    if not flags.get("--enable-expert-parallel"):  # vllm/models/deepseek_v4/nvidia/model.py
+        problems.append(f"--moe-backend {backend} needs --enable-expert-parallel (its kernel "
+                        "dispatches tokens over the expert-parallel group)")
+    owners = [a for a, f in FAMILIES.items() if f.mega_moe == backend.replace("-", "_")]
+    if architecture is not None and architecture not in owners:
+        problems.append(f"--moe-backend {backend} runs in the MoE layers of "
+                        f"{', '.join(owners)} only, not {architecture}; drop it (auto)")
+    return problems
+
+
+def _blackwell_only(flags: Flags, hardware: str | None) -> list[str]:
+    """Values vLLM runs on Blackwell datacenter GPUs (sm_10x) only."""
+    if hardware is None or hardware.lower() in SM100_HARDWARE:
+        return []
+    attention = _json(flags, "--attention-config") or {}
+    given = [flags.get("--kv-cache-dtype"), attention.get("indexer_kv_dtype"),
+             str(flags.get("--moe-backend", "")).replace("-", "_")]
+    return [f"{SM100_ONLY[v]} needs Blackwell datacenter GPUs ({', '.join(SM100_HARDWARE)}), "
+            f"not {hardware}" for v in given if isinstance(v, str) and v in SM100_ONLY]
+
+
+def check_rendered(rendered: Rendered, routed_experts: int | None = None,
+                   architecture: str | None = None, hardware: str | None = None) -> None:
     """Raise one SpecError naming every distinct rule that a rendered process breaks, each with
-    the first process that breaks it (e.g. "decode-0 host 1: --headless needs ...")."""
+    the first process that breaks it (e.g. "decode-0 host 1: --headless needs ...").
+    `architecture` and `hardware` add the model family's rules (see flag_problems)."""
     seen: dict[str, str] = {}
     for p in rendered.processes:
-        for problem in flag_problems(p.argv, p.role, routed_experts):
+        for problem in flag_problems(p.argv, p.role, routed_experts, architecture, hardware):
             seen.setdefault(problem, f"{p.instance} host {p.host}")
     if seen:
         raise SpecError("; ".join(f"{where}: {problem}" for problem, where in seen.items()))

@@ -205,6 +205,17 @@ def test_rules_refuse_a_rendering_before_any_file_is_written(tmp_path, monkeypat
     assert not (tmp_path / "run").exists()
 
 
+def test_check_flags_applies_the_model_family_rules(monkeypatch):
+    v4 = load_deployment(ROOT / "examples" / "deepseek-v4-flash-gb300-pd.yaml")
+    rendered = cli.render_for("slurm", v4, "/models/DeepSeek-V4-Flash")
+    cli.check_flags(v4, rendered, with_vllm=False)  # the example breaks no rule
+    head = rendered.processes[0]
+    small = Process(head.instance, head.role, 0, (*head.argv, "--block-size", "64"), port=8100)
+    with pytest.raises(SpecError, match="prefill-0 host 0: --block-size 64 is not one the "
+                                        "attention kernels of DeepseekV4ForCausalLM support"):
+        cli.check_flags(v4, Rendered((small,), rendered.router), with_vllm=False)
+
+
 def test_check_flags_reports_vllm_s_refusals_or_notes_a_skip(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(vllm_args, "_ROOT", tmp_path)  # no engine environment here
     assert main(["deploy", str(PD), "--target", "slurm", "--dry-run", "--check-flags",

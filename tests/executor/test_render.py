@@ -10,9 +10,10 @@ from executor.render import render
 from simulator.specs.deployment import Deployment, RoleSpec, Speculative
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
+from simulator.specs.model import load_model
+from tests.executor.golden_files import assert_golden, command_lines
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = Path(__file__).parent / "golden"
 
 
 def flag(argv: tuple[str, ...], name: str) -> str | None:
@@ -22,8 +23,7 @@ def flag(argv: tuple[str, ...], name: str) -> str | None:
 def test_deepseek_pd_wide_ep_plan_matches_its_golden_file():
     r = render(load_deployment(ROOT / "examples" / "deepseek-v3-h200-pd.yaml"),
                model_path="/models/DeepSeek-V3")
-    got = "\n".join(p.command_line() for p in r.processes) + "\n"
-    assert got == (GOLDEN / "deepseek-v3-h200-pd.txt").read_text()
+    assert_golden("deepseek-v3-h200-pd.txt", command_lines(r))
 
 
 def test_dep_instance_spans_hosts_with_every_rank_once():
@@ -77,3 +77,33 @@ def test_rules_refuse_with_the_value(role, needle):
     d = Deployment(model="deepseek-v3", hardware="h200", aggregated=role)
     with pytest.raises(SpecError, match=needle):
         render(d)
+
+
+V4_PD = ROOT / "examples" / "deepseek-v4-flash-gb300-pd.yaml"
+
+
+def test_deepseek_v4_flash_pd_wide_ep_plan_matches_its_golden_file():
+    assert load_model("deepseek-v4-flash").architecture == "DeepseekV4ForCausalLM"
+    r = render(load_deployment(V4_PD), model_path="/models/DeepSeek-V4-Flash")
+    assert_golden("deepseek-v4-flash-gb300-pd.txt", command_lines(r))
+
+
+def test_deepseek_v4_processes_carry_what_vllm_needs_for_v4():
+    r = render(load_deployment(V4_PD))
+    assert [p.instance for p in r.processes if p.host == 0] == ["prefill-0", "prefill-1",
+                                                                 "decode-0"]
+    assert len(r.processes) == 6  # 2 x DEP4 on one tray each, DEP16 on four 4-GPU trays
+    for p in r.processes:
+        assert flag(p.argv, "--kv-cache-dtype") == "fp8"
+        assert flag(p.argv, "--block-size") == "256"
+        assert flag(p.argv, "--tokenizer-mode") == "deepseek_v4"
+        assert json.loads(flag(p.argv, "--attention-config") or "") == {
+            "indexer_kv_dtype": "mxfp4"}
+        assert "--no-disable-hybrid-kv-cache-manager" in p.argv
+        assert "--enable-expert-parallel" in p.argv
+        assert flag(p.argv, "--moe-backend") == "deep_gemm_mega_moe"
+        assert "--all2all-backend" not in p.argv  # MegaMoE dispatches and combines itself
+    (decode, *_) = (p for p in r.processes if p.role == "decode")
+    assert json.loads(flag(decode.argv, "--speculative-config") or "") == {
+        "method": "mtp", "num_speculative_tokens": 1}
+    assert flag(decode.argv, "--data-parallel-size") == "16"

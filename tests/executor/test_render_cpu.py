@@ -8,10 +8,10 @@ import pytest
 from executor.render import CPU_MAX_MODEL_LEN, render
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
+from tests.executor.golden_files import assert_golden, command_lines
 from tests.executor.local_helpers import TINY_AGG, TINY_PD, plan_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = Path(__file__).parent / "golden"
 
 
 def flag(argv: tuple[str, ...], name: str) -> str | None:
@@ -20,8 +20,7 @@ def flag(argv: tuple[str, ...], name: str) -> str | None:
 
 def test_tiny_moe_cpu_pd_plan_matches_its_golden_file():
     r = render(plan_deployment(TINY_PD), model_path="/models/tiny-moe")
-    got = "\n".join(p.command_line() for p in r.processes) + "\n"
-    assert got == (GOLDEN / "tiny-moe-cpu-pd.txt").read_text()
+    assert_golden("tiny-moe-cpu-pd.txt", command_lines(r))
 
 
 def test_cpu_pd_roles_hand_kv_over_a_shared_folder_with_explicit_roles():

@@ -2,10 +2,11 @@
 
 import pytest
 
-from executor.render import Process, Rendered
+from executor.render import Process, Rendered, render
 from executor.rules import check_rendered, flag_problems, parse_flags
 from simulator.specs.errors import SpecError
-from tests.executor.cluster import pd_rendering, uneven_rendering
+from simulator.specs.loading import load_deployment
+from tests.executor.cluster import ROOT, pd_rendering, uneven_rendering
 
 NIXL_P = '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'
 NIXL_C = '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'
@@ -134,3 +135,62 @@ def test_check_rendered_names_each_problem_once_with_its_first_process():
         check_rendered(Rendered(procs, {"port": 0}))
     assert str(e.value) == ("decode-0 host 0: --data-parallel-size-local 8 must be <= "
                             "--data-parallel-size 4")
+
+
+V4 = "DeepseekV4ForCausalLM"
+
+
+def v4_rendering() -> Rendered:
+    return render(load_deployment(ROOT / "examples" / "deepseek-v4-flash-gb300-pd.yaml"))
+
+
+def test_the_deepseek_v4_rendering_breaks_no_rule_of_its_family():
+    check_rendered(v4_rendering(), routed_experts=256, architecture=V4, hardware="gb300")
+
+
+def test_check_rendered_applies_the_family_rules_it_is_given():
+    with pytest.raises(SpecError) as e:  # the same lines on Hopper
+        check_rendered(v4_rendering(), routed_experts=256, architecture=V4, hardware="h200")
+    assert str(e.value) == (
+        "prefill-0 host 0: --attention-config indexer_kv_dtype='mxfp4' needs Blackwell "
+        "datacenter GPUs (b200, b300, gb200, gb300), not h200; prefill-0 host 0: --moe-backend "
+        "deep_gemm_mega_moe needs Blackwell datacenter GPUs (b200, b300, gb200, gb300), not "
+        "h200")
+
+
+@pytest.mark.parametrize(("flags", "arch", "hardware", "needle"), [
+    (["--kv-cache-dtype", "nvfp4_ds_mla"], V4, None,
+     "--kv-cache-dtype nvfp4_ds_mla is not one vLLM's attention backends for "
+     "DeepseekV4ForCausalLM take; use one of auto, bfloat16, fp8, fp8_e4m3, fp8_ds_mla"),
+    (["--kv-cache-dtype", "nvfp4_ds_mla"], "DeepseekV32ForCausalLM", "h200",
+     "--kv-cache-dtype nvfp4_ds_mla needs Blackwell datacenter GPUs (b200, b300, gb200, gb300), "
+     "not h200"),
+    (["--block-size", "64"], V4, None,
+     "--block-size 64 is not one the attention kernels of DeepseekV4ForCausalLM support; use "
+     "--block-size 256"),
+    (["--attention-config", '{"indexer_kv_dtype":"mxfp4"}'], "DeepseekV3ForCausalLM", None,
+     "--attention-config indexer_kv_dtype='mxfp4' applies to models with a DeepSeek "
+     "sparse-attention indexer (DeepseekV32ForCausalLM, DeepseekV4ForCausalLM), not "
+     "DeepseekV3ForCausalLM; drop it"),
+    (["--attention-config", '{"indexer_kv_dtype":"nvfp4"}'], V4, None,
+     "--attention-config indexer_kv_dtype='nvfp4' is not one the DeepSeek sparse indexer "
+     "supports; use one of auto, fp8, mxfp4"),
+    (["--attention-config", '{"use_fp4_indexer_cache":true}'], None, None,
+     "--attention-config use_fp4_indexer_cache is not a field of vLLM 0.32's attention config; "
+     "give indexer_kv_dtype 'mxfp4' for an fp4 indexer cache (or 'fp8')"),
+    (["--moe-backend", "deep_gemm_mega_moe", "--data-parallel-size", "4"], V4, None,
+     "--moe-backend deep_gemm_mega_moe needs --enable-expert-parallel"),
+    (["--moe-backend", "deep-gemm-mega-moe", "--enable-expert-parallel"],
+     "DeepseekV3ForCausalLM", None,
+     "--moe-backend deep-gemm-mega-moe runs in the MoE layers of DeepseekV4ForCausalLM only, "
+     "not DeepseekV3ForCausalLM; drop it (auto)"),
+])
+def test_family_rules_refuse_what_vllm_refuses_for_the_model(flags, arch, hardware, needle):
+    (problem,) = flag_problems(serve(*flags), architecture=arch, hardware=hardware)
+    assert problem.startswith(needle)
+
+
+def test_family_rules_need_the_architecture():
+    flags = serve("--kv-cache-dtype", "nvfp4_ds_mla", "--block-size", "64")
+    assert flag_problems(flags) == []  # model unknown: not checked
+    assert flag_problems(flags, architecture="DeepseekV32ForCausalLM", hardware="b200") == []

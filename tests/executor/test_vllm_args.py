@@ -13,6 +13,7 @@ from executor.vllm_args import FlagError, check_with_vllm, engine_python, flag_e
 from tests.executor.cluster import pd_rendering
 
 GOLDEN = Path(__file__).parent / "golden" / "deepseek-v3-h200-pd.txt"
+V4_GOLDEN = Path(__file__).parent / "golden" / "deepseek-v4-flash-gb300-pd.txt"
 MODES = {"NONE": 0, "FULL": 1}
 
 
@@ -81,14 +82,20 @@ def test_an_interpreter_without_vllm_runs_the_script_and_reports_a_skip():
     assert result.skipped.startswith("vLLM is not importable here (ModuleNotFoundError")
 
 
-@pytest.mark.skipif(engine_python() is None, reason="no engine environment (.venv-engine)")
-def test_vllm_s_own_parser_accepts_the_golden_pd_rendering_and_refuses_bad_flags():
+def golden_processes(path: Path) -> list[tuple[str, list[str]]]:
+    """Each line of a golden file as (name, argv), the environment assignments dropped."""
     processes = []
-    for n, line in enumerate(GOLDEN.read_text().splitlines()):
+    for n, line in enumerate(path.read_text().splitlines()):
         words = shlex.split(line)
         while "=" in words[0] and not words[0].startswith("-"):  # VAR=value before the command
             words.pop(0)
         processes.append((f"golden line {n + 1}", words))
+    return processes
+
+
+@pytest.mark.skipif(engine_python() is None, reason="no engine environment (.venv-engine)")
+def test_vllm_s_own_parser_accepts_the_golden_pd_rendering_and_refuses_bad_flags():
+    processes = golden_processes(GOLDEN)
     assert len(processes) == len(pd_rendering().processes)
     head = processes[0][1]
     bad = [*head[:3], "--max-num-seqs", "lots", "--enable-expert-paralel",
@@ -106,3 +113,17 @@ def test_vllm_s_own_parser_accepts_the_golden_pd_rendering_and_refuses_bad_flags
     assert "kv_role" in got[2][1] and "\n" not in got[2][1]
     assert str(result.errors[0]) == "broken host 0: --max-num-seqs: invalid int value: 'lots'"
     assert isinstance(result.errors[0], FlagError)
+
+
+@pytest.mark.skipif(engine_python() is None, reason="no engine environment (.venv-engine)")
+def test_vllm_s_own_parser_accepts_the_deepseek_v4_golden_rendering():
+    """Block size, tokenizer mode, indexer_kv_dtype, MegaMoE and the hybrid KV-cache switch
+    are all vLLM 0.32 flags; the older recipes' use_fp4_indexer_cache is not."""
+    processes = golden_processes(V4_GOLDEN)
+    head = processes[0][1]
+    old = [*head[:3], "--attention-config", '{"use_fp4_indexer_cache":true}', *head[3:]]
+    result = check_with_vllm([*processes, ("old recipe host 0", old)])
+    assert result.skipped is None, result.skipped
+    assert [e for e in result.errors if e.process != "old recipe host 0"] == []
+    ((flag, message),) = [(e.flag, e.message) for e in result.errors]
+    assert flag == "--attention-config" and "use_fp4_indexer_cache" in message

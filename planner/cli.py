@@ -92,7 +92,8 @@ def cmd_hardware(args: argparse.Namespace) -> int:
 def cmd_step(args: argparse.Namespace) -> int:
     from planner.stepcalc import step_report
 
-    report = step_report(args.deployment, args.role, args.batch, args.context)
+    report = step_report(args.deployment, args.role, args.batch, args.context, args.cached,
+                         args.ranks_busy)
     if args.json:
         _print_json(report)
         return 0
@@ -383,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=4096,
                    help="decode: KV length per request; prefill: prompt tokens per request "
                         "(default 4096)")
+    p.add_argument("--cached", type=int, default=0,
+                   help="prefill: tokens of each request already in the prefix cache before its "
+                        "prompt chunk (default 0)")
+    p.add_argument("--ranks-busy", type=int, default=None, metavar="N",
+                   help="only the first N ranks of the instance get the batch, the others idle "
+                        "in lock-step (default: every rank)")
     p.add_argument("--calibration", metavar="DIR", help=CALIBRATION_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_step)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from planner.evaluate import measured_overhead
 from simulator.cost.step import Batch, step_time
 from simulator.resolve import resolve
@@ -12,12 +14,14 @@ from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
 
 
-def step_report(deployment_path: str | Path, role: str, batch: int,
-                context: int) -> dict[str, Any]:
+def step_report(deployment_path: str | Path, role: str, batch: int, context: int,
+                cached: int = 0, ranks_busy: int | None = None) -> dict[str, Any]:
     """Step time, breakdown and provenance for `batch` requests per rank at `context` tokens.
 
     Decode and aggregated roles: each request generates one token over `context` cached tokens.
-    Prefill: each request prefills `context` prompt tokens in one chunk. The fixed per-step
+    Prefill: each request prefills `context` prompt tokens in one chunk after `cached` tokens
+    already in the prefix cache. `ranks_busy`: only that many ranks get the batch (the others
+    step along idle, as DP ranks do in lock-step). The fixed per-step
     overhead is the one measured in the active calibration folder when it holds one, else the
     cost model's default for the hardware kind.
     """
@@ -25,6 +29,11 @@ def step_report(deployment_path: str | Path, role: str, batch: int,
         raise SpecError(f"--batch={batch} must be >= 1")
     if context < 1:
         raise SpecError(f"--context={context} must be >= 1")
+    if cached < 0:
+        raise SpecError(f"--cached={cached} must be >= 0")
+    if cached and role != "prefill":
+        raise SpecError(f"--cached={cached} applies to --role prefill only; for decode give the "
+                        "whole KV length as --context")
     dep = load_deployment(Path(deployment_path))
     measured = measured_overhead(dep)
     res = resolve(dep, overhead_ms=measured.step_overhead_ms if measured else None)
@@ -33,15 +42,24 @@ def step_report(deployment_path: str | Path, role: str, batch: int,
                         f"{', '.join(res.roles)}")
     r = res.roles[role]
     inst = r.instance
+    busy = inst.dp if ranks_busy is None else ranks_busy
+    if not 1 <= busy <= inst.dp:
+        raise SpecError(f"--ranks-busy={ranks_busy} must be between 1 and the instance's "
+                        f"{inst.dp} DP ranks")
     if role == "prefill":
-        work = Batch.prefill(inst.dp, tokens=batch * context, requests=batch)
+        work = Batch.prefill(inst.dp, tokens=batch * context, requests=batch, context=cached)
     else:
         work = Batch.decode(inst.dp, requests=batch, context=context)
+    if busy < inst.dp:
+        idle = np.arange(inst.dp) >= busy
+        work = Batch(*(np.where(idle, 0.0, getattr(work, f))
+                       for f in ("decode_requests", "decode_context", "prefill_tokens",
+                                 "prefill_requests", "prefill_context")))
     st = step_time(inst, work, res.calibration)
     return {
         "model": res.model.name, "hardware": res.hardware.name, "engine": dep.engine,
         "role": role, "layout": r.spec.layout, "ranks": inst.ranks,
-        "batch_per_rank": batch, "context": context,
+        "batch_per_rank": batch, "context": context, "cached": cached, "ranks_busy": busy,
         "total_ms": st.total_ms, "breakdown_ms": st.breakdown, "parts_ms": st.parts,
         "tokens_per_s_per_gpu": st.tokens / inst.ranks / st.total_ms * 1e3,
         "source": st.source, "provenance": st.provenance,

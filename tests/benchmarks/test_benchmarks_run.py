@@ -36,3 +36,15 @@ def test_silicon_repeatability_prints_the_noise_floor():
     out = run("benchmarks/silicon_repeatability.py")
     assert "configurations with more than one distinct measurement:" in out
     assert "TTFT between repeats: MAPE" in out and "TPOT between repeats: MAPE" in out
+
+
+def test_report_figures_prints_every_figure_with_its_command():
+    import json
+
+    rows = json.loads(run("benchmarks/report_figures.py", "--json"))["figures"]
+    assert len(rows) == 12 and all(r["command"] for r in rows)
+    predicted = [r for r in rows if r["predicted"] is not None]
+    assert len(predicted) == 11  # the rack figure waits for the AgentX workload
+    for r in predicted:
+        assert r["predicted"] > 0
+        assert r["rel_error"] == (r["predicted"] - r["published"]) / r["published"]

@@ -143,6 +143,10 @@ FIGURES = [
 ]
 
 
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else (f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -154,9 +158,8 @@ def main() -> int:
         rows.append({"figure": f.name, "published": f.published, "predicted": got,
                      "unit": f.unit, "rel_error": err, "command": f.command, "note": f.note})
         if not args.json:
-            fmt = (lambda v: "-" if v is None else (f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"))
             e = "-" if err is None else f"{err:+.0%}"
-            print(f"{f.name:<52} published {fmt(f.published):>9}  rackplan {fmt(got):>9} "
+            print(f"{f.name:<52} published {_fmt(f.published):>9}  rackplan {_fmt(got):>9} "
                   f"{f.unit:<9} {e:>6}   {f.command}" + (f"   [{f.note}]" if f.note else ""),
                   flush=True)
     if args.json:

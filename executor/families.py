@@ -15,10 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from simulator.specs.deployment import Deployment, RoleSpec
+from simulator.specs.deployment import SM100_HARDWARE, Deployment, RoleSpec, uses_mega_moe
 
-SM100_HARDWARE = ("b200", "b300", "gb200", "gb300")
-"""Hardware presets with Blackwell datacenter GPUs (CUDA sm_10x)."""
 SM100_ONLY = {
     # vllm/v1/attention/backends/mla/flashmla_sparse.py: nvfp4_ds_mla only on SM100.
     "nvfp4_ds_mla": "--kv-cache-dtype nvfp4_ds_mla",
@@ -69,12 +67,11 @@ class Family:
         """The --kv-cache-dtype value of a precision.kv_cache; None when vLLM has none here."""
         return self.kv_cache.get(precision)
 
-    def uses_mega_moe(self, deployment: Deployment, role: RoleSpec) -> bool:
+    def uses_mega_moe(self, deployment: Deployment, role: RoleSpec, architecture: str) -> bool:
         """Whether this role runs the family's MegaMoE kernel: fp4 experts, expert parallel,
         Blackwell, and no all2all backend chosen by hand (that picks the fused-MoE path)."""
-        return (self.mega_moe is not None and role.expert_parallel
-                and role.all2all_backend is None and deployment.precision.weights == "fp4"
-                and deployment.hardware.lower() in SM100_HARDWARE)
+        return self.mega_moe is not None and uses_mega_moe(
+            architecture, deployment.hardware, role, deployment.precision.weights)
 
     def flags(self, deployment: Deployment) -> list[str]:
         """Flags every process of this family gets, after --kv-cache-dtype (the block size

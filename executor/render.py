@@ -102,7 +102,7 @@ def role_flags(deployment: Deployment, role_name: str, role: RoleSpec,
         flags += ["--tensor-parallel-size", str(role.tp)]
     if role.expert_parallel:
         flags.append("--enable-expert-parallel")
-        if family.uses_mega_moe(deployment, role):  # it dispatches and combines itself
+        if family.uses_mega_moe(deployment, role, architecture):  # dispatches and combines itself
             flags += ["--moe-backend", str(family.mega_moe)]
         else:
             flags += ["--all2all-backend", role.backend(role_name)]

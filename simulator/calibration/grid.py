@@ -60,8 +60,13 @@ class Grid:
         coords = np.stack([np.log(axes[j][c]) for j, c in enumerate(cells)], axis=1)
         return cls(axes, lat, log_eff, cKDTree(coords), cells)
 
-    def query(self, points: np.ndarray, roofline: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Latency (ms) and provenance code for each query point (Q x d)."""
+    def query(self, points: np.ndarray, roofline: np.ndarray,
+              exact: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Latency (ms) and provenance code for each query point (Q x d).
+
+        `exact`: a query on a measured point gets its measured latency; turn it off when the
+        grid stands in for another shape or dtype (the query's own roofline must then scale
+        even the measured points)."""
         points = np.atleast_2d(np.asarray(points, dtype=float))
         roofline = np.broadcast_to(np.asarray(roofline, dtype=float), (points.shape[0],))
         q, d = points.shape
@@ -103,12 +108,12 @@ class Grid:
         ms = roofline / np.exp(log_eff)
         # A measured point comes back exactly, not through the efficiency round trip.
         on_node = (~outside) & np.all((t < 1e-12) | (t > 1 - 1e-12), axis=1)
-        if on_node.any():
+        if exact and on_node.any():
             node = tuple(np.where(t[on_node, j] > 0.5, hi[on_node, j], lo[on_node, j])
                          for j in range(d))
-            exact = self.latency[node]
-            got = ~np.isnan(exact)
+            lat = self.latency[node]
+            got = ~np.isnan(lat)
             sel = np.flatnonzero(on_node)[got]
-            ms[sel] = exact[got]
+            ms[sel] = lat[got]
             code[sel] = MEASURED
         return ms, code

@@ -75,6 +75,19 @@ def mla_module(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, context: Arra
     return _ms(hw, flops, nbytes, weights)
 
 
+def mega_moe(hw: HardwareSpec, tokens: ArrayLike, hidden: ArrayLike, inter: ArrayLike,
+             topk: ArrayLike, experts: ArrayLike, ep: ArrayLike, dtype: str,
+             gb_s: float) -> np.ndarray:
+    """DeepGEMM's fused MegaMoE on one rank of `tokens` (per rank): the grouped GEMM of the
+    tokens routed to its experts, overlapped with dispatching them (fp8) and combining the
+    results (bf16) over the `gb_s` GB/s scale-up link; the slower of the two sets the time."""
+    tokens, ep = np.asarray(tokens, dtype=float), np.asarray(ep, dtype=float)
+    gemm = moe(hw, tokens * ep, hidden, inter, topk, experts, ep, dtype)
+    sent = tokens * np.asarray(topk, dtype=float) * np.asarray(hidden, dtype=float) * (
+        1 + 2) * (ep - 1) / ep
+    return np.maximum(gemm, sent / (gb_s * 1e9) * 1e3)
+
+
 def transfer(nbytes: ArrayLike, gb_s: float, latency_us: float = 10.0) -> np.ndarray:
     """Moving bytes over a link of `gb_s` GB/s with a fixed start-up latency."""
     return np.asarray(nbytes, dtype=float) / (gb_s * 1e9) * 1e3 + latency_us * 1e-3

@@ -54,8 +54,10 @@ OP_FILES: dict[str, tuple[str, str]] = {
     "dsv4_indexer": ("sparse_attention", "dsv4_paged_mqa_logits_module_perf.parquet"),
     "dsv4_hca_attn": ("sparse_attention", "dsv4_hca_attn_module_perf.parquet"),
     "mhc": ("mhc", "mhc_module_perf.parquet"),
+    "mega_moe": ("moe", "dsv4_megamoe_module_perf.parquet"),
 }
 OP_ENGINES = {"nccl": ("nccl",), "moe_wideep_generation": ("sglang",),
+              "mega_moe": ("sglang",),
               "moe_wideep_context": ("sglang",)}
 """Ops whose tables sit under a library's folder rather than the engine's."""
 NCCL_OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
@@ -98,6 +100,12 @@ def mla_shape_params(hidden: int, q_lora: int, kv_lora: int, nope: int, rope: in
     shared = hidden * q_lora + hidden * (kv_lora + rope)
     per_head = q_lora * (nope + rope) + kv_lora * (nope + v) + v * hidden
     return float(shared), float(per_head)
+
+
+MEASURED_HIDDEN = {"DeepSeek-V3.2": 7168, "GLM-5": 6144, "DeepSeek-V4-Flash-FP8": 4096,
+                   "DeepSeek-V4-Flash": 4096, "DeepSeek-V4-Pro": 7168}
+"""Hidden size of the models the sparse-attention tables name in their `model` column, to
+pick a model's own rows where a table spans several."""
 
 
 def _measured_kv(kv_dtype: str) -> tuple[str, int]:
@@ -228,7 +236,7 @@ class Calibration:
             return Priced(np.asarray(roof, dtype=float) / default_eff, SOURCES[ROOFLINE],
                           "roofline")
         g, floor, label = grid
-        ms, codes = g.query(points, roof)
+        ms, codes = g.query(points, roof, exact=floor < EXTRAPOLATED)
         return Priced(ms, worst(np.maximum(codes, floor)), label)
 
     # ---- row selection helpers ---------------------------------------------------------------
@@ -424,8 +432,8 @@ class Calibration:
         if "tp_size" in rows.columns and (rows.tp_size > 1).any():
             same = rows[rows.num_heads * rows.tp_size == m.num_attention_heads]
         else:  # the table emulates TP by its local head count: pick the model by name
-            hidden = {"DeepSeek-V3.2": 7168, "GLM-5": 6144}
-            same = rows[[hidden.get(str(x).split("/")[-1], 0) == m.hidden for x in rows.model]]
+            same = rows[[MEASURED_HIDDEN.get(str(x).split("/")[-1], 0) == m.hidden
+                         for x in rows.model]]
         if len(same):
             rows = same
         elif len(rows):
@@ -598,10 +606,19 @@ class Calibration:
         `dsv4_hca_attn` (HCA's attention over the window and the compressed entries)."""
         roof, key = self._dsv4_kernel_roof(op, inst)
         heads = max(inst.model.num_attention_heads // inst.tp, 1)
-        got = self._sparse(op, key, inst.model, inst.kv_cache, "fp8_block", True, batch, new,
-                           past, heads, roof)
+        b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
+                                        for v in (batch, new, past)))
+        edge = self._edge(op, key, inst.model, inst.kv_cache, "end", b)
+        inside = np.maximum(np.minimum(p + n, edge) - n, 0.0)
+        got = self._sparse(op, key, inst.model, inst.kv_cache, "fp8_block", True, b, n, inside,
+                           heads, roof)
         assert got is not None
-        return got
+        beyond = p > inside
+        if not beyond.any():
+            return got
+        grow = self.dsv4_growth(op, inst, b, n, inside, p)
+        return Priced(got.ms + np.where(beyond, grow, 0.0),
+                      SOURCES[max(SOURCES.index(got.source), EXTRAPOLATED)], got.table)
 
     def dsa_module(self, context: bool, inst: Instance, batch: np.ndarray, new: np.ndarray,
                    past: np.ndarray) -> Priced | None:
@@ -631,6 +648,32 @@ class Calibration:
         key = (op, m.architecture, m.hidden, inst.kv_cache, inst.weights, inst.indexer_cache)
         return self._sparse(op, key, m, inst.kv_cache, MLA_GEMM[inst.weights], context, batch,
                             new, past, heads, roof)
+
+    def mega_moe(self, tokens: np.ndarray | float, hidden: int, inter: int, topk: int,
+                 experts: int, ep: int, dtype: str, decode: bool, gb_s: float) -> Priced:
+        """DeepGEMM's fused MegaMoE (dispatch + expert GEMMs + combine) of one rank holding
+        `tokens`, balanced, over an EP group of `ep` ranks. Measured by SGLang's collector
+        (the kernel vLLM's --moe-backend deep_gemm_mega_moe runs) in decode (generation) and
+        prefill (context) mode; other expert shapes transfer its efficiency (extrapolated)."""
+        hw = self.hardware
+        phase = "generation" if decode else "context"
+
+        def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+            rows = df[(df.phase == phase) & (df.distribution == "balanced")]
+            return self._nearest(rows, {"hidden_size": hidden, "inter_size": inter,
+                                        "topk": topk, "num_experts": experts})
+
+        def roof(r: pd.DataFrame) -> np.ndarray:
+            return rf.mega_moe(hw, r.num_tokens, r.hidden_size.to_numpy(), r.inter_size.to_numpy(),
+                               r.topk.to_numpy(), r.num_experts.to_numpy(), r.moe_ep_size,
+                               dtype, hw.scaleup_gb_s)
+
+        grid = self._grid(("mega_moe", phase, hidden, inter, topk, experts, dtype), "mega_moe",
+                          select, ["num_tokens", "moe_ep_size"], roof)
+        t = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1.0)
+        pts = np.stack([t, np.full_like(t, ep)], axis=1)
+        return self._price(grid, pts, rf.mega_moe(hw, t, hidden, inter, topk, experts, ep,
+                                                  dtype, gb_s), 0.5)
 
     def mhc(self, tokens: np.ndarray | float, hidden: int, streams: int, iters: int) -> Priced:
         """DeepSeek-V4 hyper-connection pre + post mixing of one layer for `tokens` per rank."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from simulator.calibration import Calibration, Priced
 from simulator.calibration.grid import SOURCES
-from simulator.specs.deployment import RoleSpec
+from simulator.specs.deployment import RoleSpec, uses_mega_moe
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
 
@@ -53,6 +53,9 @@ class Instance:
     deepep_high_throughput, or an NCCL all-gather + reduce-scatter for the others."""
     overhead_ms: float | None = None
     """Fixed per-step overhead; None: the default for the hardware kind."""
+    mega_moe: bool = False
+    """Routed experts on DeepGEMM's MegaMoE kernel: dispatch, expert GEMMs and combine in one
+    kernel that overlaps the exchange with the GEMMs (vLLM --moe-backend deep_gemm_mega_moe)."""
 
     @property
     def tp(self) -> int:
@@ -100,7 +103,8 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
         spec_tokens=spec.tokens if spec else 0, spec_acceptance=spec.acceptance if spec else 0.0,
         a2a_gb_s=a2a_gb_s,
         all2all=role.backend(role_name),
-        overhead_ms=overhead_ms)
+        overhead_ms=overhead_ms,
+        mega_moe=uses_mega_moe(model.architecture, hardware.name, role, weights))
 
 
 @dataclass(frozen=True)
@@ -256,15 +260,25 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
         led.add("moe", "router", router, gated * float(router.ms.max()))
         expert_dtype = m.expert_weights(inst.weights)
         group_tokens = received.max() * ep / m.top_k  # a balanced group loading every rank so
-        if dp > 1 and inst.all2all.startswith("deepep"):  # wide EP: only routed tokens arrive
+        experts: Priced | None
+        if dp > 1 and inst.mega_moe:  # one fused kernel: its exchange is inside
+            fused = cal.mega_moe(group_tokens / ep, m.hidden, m.moe_intermediate, m.top_k,
+                                 m.n_routed_experts, ep, expert_dtype,
+                                 bool(dec_b.sum() > 0 and pre_tok.sum() == 0),
+                                 inst.a2a_bandwidth)
+            led.add("moe", "routed_experts", fused, moe_layers * float(fused.ms.max()))
+            experts = None
+        elif dp > 1 and inst.all2all.startswith("deepep"):  # wide EP: only routed tokens arrive
             experts = cal.moe_wideep(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
                                      m.n_routed_experts, ep, expert_dtype,
                                      inst.all2all == "deepep_low_latency")
         else:  # every rank sees every token (TP, or all-gather EP)
             experts = cal.moe(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
                               m.n_routed_experts, ep, expert_dtype, tp=inst.moe_tp)
-        led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
-        if ep > 1 and dp > 1:  # DP ranks exchange tokens; a TP group already holds them all
+        if experts is not None:
+            led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
+        if ep > 1 and dp > 1 and experts is not None:  # DP ranks exchange tokens; a TP group
+            # already holds them all
             _token_exchange(inst, cal, tokens, moe_layers, led)
     if inst.tp > 1:
         ar = cal.allreduce(tokens.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)

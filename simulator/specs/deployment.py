@@ -250,3 +250,19 @@ def _role_error(role: RoleSpec, model: ModelLike) -> str | None:
         if kv % tp and tp % kv:
             return f"tp={tp} and the {kv} KV heads of {model.name} must divide one another"
     return None
+
+
+SM100_HARDWARE = ("b200", "b300", "gb200", "gb300")
+"""Hardware presets with Blackwell datacenter GPUs (CUDA sm_10x)."""
+MEGA_MOE_ARCHITECTURES = ("DeepseekV4ForCausalLM",)
+"""Architectures vLLM runs on DeepGEMM's MegaMoE kernel (dispatch, expert GEMMs and combine
+fused; vLLM --moe-backend deep_gemm_mega_moe) where it applies."""
+
+
+def uses_mega_moe(architecture: str, hardware: str, role: RoleSpec, weights: str) -> bool:
+    """Whether a role runs MegaMoE: a family that has it, fp4 experts, expert parallel,
+    Blackwell, and no all2all backend chosen by hand (that picks the fused-MoE path). The
+    executor renders exactly this; the cost model prices it."""
+    return (architecture in MEGA_MOE_ARCHITECTURES and role.expert_parallel
+            and role.all2all_backend is None and weights == "fp4"
+            and hardware.lower() in SM100_HARDWARE)

@@ -185,3 +185,32 @@ def test_every_kind_prices_decode_and_prefill(name):
                   k.prefill(cal, inst, np.array([1.0]), np.array([2048.0]), np.array([0.0]))):
         assert parts and all(np.all(np.isfinite(p.ms)) and np.all(p.ms > 0)
                              for p in parts.values())
+
+
+def test_megamoe_prices_v4_experts_on_blackwell_with_its_exchange_inside():
+    from simulator.specs.deployment import uses_mega_moe
+    role = RoleSpec(dep=8)
+    assert uses_mega_moe(FLASH.architecture, "gb300", role, "fp4")
+    assert not uses_mega_moe(FLASH.architecture, "h200", role, "fp4")
+    assert not uses_mega_moe(FLASH.architecture, "gb300", RoleSpec(dep=8, all2all_backend=
+                                                                    "deepep_low_latency"), "fp4")
+    cal = load_calibration(GB300, "vllm")
+    fused = Instance(model=FLASH, hardware=GB300, role="decode", ranks=8, expert_parallel=True,
+                     weights="fp4", mega_moe=True)
+    split = Instance(model=FLASH, hardware=GB300, role="decode", ranks=8, expert_parallel=True,
+                     weights="fp4")
+    a = step_time(fused, Batch.decode(8, 64, 8192), cal)
+    b = step_time(split, Batch.decode(8, 64, 8192), cal)
+    assert "moe/sglang" in a.provenance["routed_experts"]
+    assert "all_to_all.dispatch" not in a.parts and a.breakdown["communication"] == 0
+    assert "all_to_all.dispatch" in b.parts
+
+
+def test_another_shape_scales_even_the_measured_points():
+    # The MegaMoE table measures V4-Pro's experts only: V4-Flash's smaller experts at the same
+    # tokens and EP size must cost less, by the roofline's ratio, not come back as Pro's point.
+    cal = load_calibration(GB300, "vllm")
+    pro = cal.mega_moe(64, 7168, 3072, 6, 384, 32, "fp4", True, GB300.scaleup_gb_s)
+    flash = cal.mega_moe(64, 4096, 2048, 6, 256, 32, "fp4", True, GB300.scaleup_gb_s)
+    assert pro.source == "measured" and flash.source == "extrapolated"
+    assert flash.ms[0] < pro.ms[0] / 2

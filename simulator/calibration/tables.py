@@ -283,8 +283,11 @@ class Calibration:
         grid = self._grid(("gemm", dtype), "gemm", select, ["m", "n", "k"],
                           lambda r: rf.gemm(hw, r.m, r.n, r.k, dtype))
         m = np.atleast_1d(np.asarray(m, dtype=float))
+        idle = m <= 0  # a rank with no tokens this step (lock-step DP) does no GEMM
+        m = np.maximum(m, 1.0)
         pts = np.stack([m, np.full_like(m, n), np.full_like(m, k)], axis=1)
-        return self._price(grid, pts, rf.gemm(hw, m, n, k, dtype), 0.6)
+        got = self._price(grid, pts, rf.gemm(hw, m, n, k, dtype), 0.6)
+        return got.scaled(~idle) if idle.any() else got
 
     def moe(self, tokens: np.ndarray | float, hidden: int, inter: int, topk: int, experts: int,
             ep: int, dtype: str, tp: int = 1) -> Priced:

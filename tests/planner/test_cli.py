@@ -130,3 +130,31 @@ def test_simulate_bad_workload(tmp_path):
     path = write(tmp_path, {"arrival": {"kind": "sometimes"}}, "w.yaml")
     assert_one_line_error(run_cli("simulate", "examples/deepseek-v3-h200-pd.yaml",
                                   "--workload", str(path)), "sometimes", "closed")
+
+
+def test_v4_config_with_a_bad_compress_ratio_is_one_line(tmp_path):
+    from importlib import resources
+    cfg = json.loads(resources.files("simulator.specs").joinpath(
+        "presets/models/deepseek-v4-flash.json").read_text())
+    cfg["compress_ratios"][5] = 64
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    path = write(tmp_path, {"model": str(tmp_path / "config.json"), "hardware": "gb300",
+                            "prefill": {"dep": 4}, "decode": {"dep": 4}})
+    assert_one_line_error(run_cli("step", str(path)), "compress_ratios holds 64",
+                          "0, 4, 128")
+
+
+def test_step_prices_a_prompt_chunk_after_a_cached_prefix(tmp_path, capsys):
+    path = write(tmp_path, {"model": "deepseek-v4-flash", "hardware": "gb300",
+                            "prefill": {"dep": 2}, "decode": {"dep": 2}})
+    got = {}
+    for cached in (0, 65536):
+        assert main(["step", str(path), "--role", "prefill", "--batch", "1", "--context", "4096",
+                     "--cached", str(cached), "--ranks-busy", "1", "--json"]) == 0
+        got[cached] = json.loads(capsys.readouterr().out)
+    assert got[65536]["total_ms"] > got[0]["total_ms"]
+    assert (got[0]["cached"], got[0]["ranks_busy"]) == (0, 1)
+    assert_one_line_error(run_cli("step", str(path), "--cached", "100"), "--cached=100",
+                          "--role prefill")
+    assert_one_line_error(run_cli("step", str(path), "--ranks-busy", "3"), "--ranks-busy=3",
+                          "between 1 and")

@@ -189,6 +189,10 @@ def check_rules(deployment: Deployment) -> None:
     """vLLM's own rules for the flags we render, as one clear SpecError each: the model's rules
     (expert divisibility, MTP layers, TP and heads), the precisions vLLM has for the model's
     family on this hardware (executor/families.py), and the flags' own."""
+    if deployment.single_role is not None:
+        raise SpecError(f"the deployment has only {deployment.single_role} instances, an "
+                        "isolated-role bench for `rackplan simulate`; to deploy it, give prefill "
+                        "and decode (P/D) or aggregated")
     model = load_model(deployment.model)
     check_against_model(deployment, model)
     problems = deployment_problems(deployment, model.architecture)

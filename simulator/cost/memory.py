@@ -48,11 +48,20 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
 
     DEP: attention, dense and shared weights are replicated on every rank; each rank holds
     (routed + redundant) / dep experts per MoE layer. TP: every weight is split over the ranks,
-    or, with enable_expert_parallel, the experts are spread whole over the ranks.
+    or, with enable_expert_parallel, the experts are spread whole over the ranks. The MTP
+    layers are loaded only when the role decodes speculatively with them, their routed
+    experts spread over the EP ranks like the others.
     """
     wb = model.weight_bytes(weights)
-    experts_total = wb["routed_experts"]
-    replicated = sum(v for k, v in wb.items() if k != "routed_experts")
+    mtp = wb["mtp"] if role.speculative is not None else 0.0
+    mtp_experts = 0.0
+    if mtp and model.is_moe:
+        p = model.params()
+        mtp_experts = mtp * model.mtp_layers * model.n_routed_experts * model.expert_params() / (
+            p["mtp"])
+    experts_total = wb["routed_experts"] + mtp_experts
+    replicated = sum(v for k, v in wb.items() if k not in ("routed_experts", "mtp")) + (
+        mtp - mtp_experts)
     redundant = 0.0
     if role.expert_parallel and model.is_moe:
         per_expert = experts_total / model.n_routed_experts

@@ -92,6 +92,10 @@ def simulate(deployment: Deployment, workload: Workload, *,
                 options or SimOptions()).result()
 
 
+ISOLATED_MODE = {"prefill": "prefill_only", "decode": "decode_only"}
+"""A deployment of one role alone runs this workload mode only."""
+
+
 class _Run:
     """One simulation: the objects it builds and the pipeline between them."""
 
@@ -147,6 +151,15 @@ class _Run:
 
     def _running_roles(self) -> list[str]:
         mode, roles = self.workload.mode, self.deployment.roles
+        alone = self.deployment.single_role
+        if alone is not None:
+            want = ISOLATED_MODE[alone]
+            if mode != want:
+                raise SpecError(f"the deployment has only {alone} instances, which run the "
+                                f"isolated-role bench mode {want}; the workload's mode is "
+                                f"{mode} (give mode: {want}, or add "
+                                f"{'decode' if alone == 'prefill' else 'prefill'} instances)")
+            return [alone]
         if "aggregated" in roles:
             return ["aggregated"]
         if mode == "prefill_only":

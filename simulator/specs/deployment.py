@@ -154,9 +154,11 @@ class Deployment(BaseModel):
     usd_per_gpu_hour: float | None = Field(None, ge=0)
     """Price per GPU-hour; null for the hardware preset's price (default)."""
     prefill: RoleSpec | None = None
-    """Prefill instances of a P/D-disaggregated layout (give with decode)."""
+    """Prefill instances of a P/D-disaggregated layout (give with decode; alone for the
+    prefill_only bench)."""
     decode: RoleSpec | None = None
-    """Decode instances of a P/D-disaggregated layout (give with prefill)."""
+    """Decode instances of a P/D-disaggregated layout (give with prefill; alone for the
+    decode_only bench)."""
     aggregated: RoleSpec | None = None
     """Instances that both prefill and decode, for a layout without P/D (instead of both)."""
 
@@ -168,9 +170,9 @@ class Deployment(BaseModel):
                 f"aggregated cannot be given with {' and '.join(pd)}; give prefill and decode "
                 "(P/D), or aggregated alone"
             )
-        if self.aggregated is None and len(pd) != 2:
-            have = f"only {pd[0]} given" if pd else "no roles given"
-            raise SpecError(f"{have}; give prefill and decode (P/D), or aggregated alone")
+        if self.aggregated is None and not pd:
+            raise SpecError("no roles given; give prefill and decode (P/D), aggregated alone, "
+                            "or one of prefill / decode alone for an isolated-role bench")
         used = self.gpus_used
         if self.gpus is not None and self.gpus < used:
             parts = ", ".join(
@@ -190,6 +192,13 @@ class Deployment(BaseModel):
     def gpus_used(self) -> int:
         """GPUs of all instances of all roles."""
         return sum(r.gpus for r in self.roles.values())
+
+    @property
+    def single_role(self) -> str | None:
+        """prefill or decode when the deployment is that role alone (an isolated-role bench,
+        as vLLM's `bench forward` or DecodeBenchConnector measure one role), else None."""
+        roles = list(self.roles)
+        return roles[0] if len(roles) == 1 and roles[0] != "aggregated" else None
 
     @property
     def disaggregated(self) -> bool:

@@ -107,3 +107,9 @@ def test_deepseek_v4_processes_carry_what_vllm_needs_for_v4():
     assert json.loads(flag(decode.argv, "--speculative-config") or "") == {
         "method": "mtp", "num_speculative_tokens": 1}
     assert flag(decode.argv, "--data-parallel-size") == "16"
+
+
+def test_a_single_role_bench_deck_is_not_deployed():
+    d = Deployment(model="deepseek-v3", hardware="h200", decode=RoleSpec(dep=8))
+    with pytest.raises(SpecError, match="only decode instances, an isolated-role bench"):
+        render(d)

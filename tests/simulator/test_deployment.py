@@ -176,8 +176,6 @@ def test_aggregated_alone_is_valid() -> None:
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"decode": None}, "only prefill given"),
-        ({"prefill": None}, "only decode given"),
         ({"prefill": None, "decode": None}, "no roles given"),
         ({"aggregated": {"dep": 8}}, "aggregated cannot be given with prefill and decode"),
     ],
@@ -185,6 +183,14 @@ def test_aggregated_alone_is_valid() -> None:
 def test_role_combinations(changes: dict[str, Any], expected: str) -> None:
     msg = error(with_(PD, **changes))
     assert expected in msg and "aggregated alone" in msg
+
+
+@pytest.mark.parametrize("alone", ["prefill", "decode"])
+def test_one_role_alone_is_an_isolated_bench(alone: str) -> None:
+    other = "decode" if alone == "prefill" else "prefill"
+    d = load_deployment(with_(PD, **{other: None}))
+    assert list(d.roles) == [alone] and d.single_role == alone
+    assert load_deployment(PD).single_role is None
 
 
 def test_dep_and_tp_exclusive() -> None:

@@ -344,3 +344,18 @@ def test_trace_sessions_carry_their_context_into_prefix_blocks(tmp_path: Path) -
     assert len(first) == 2 and len(second) == 4
     assert second[:3] == (*first, second[2]) and second[2] not in first  # turn 1 + its output
     assert not set(other) & set(second)
+
+
+def test_a_single_role_prefill_deck_simulates_and_a_serve_deck_is_refused():
+    from simulator.specs.deployment import Deployment
+    from simulator.specs.workload import ClosedArrival, FixedLength, Workload
+    dep = Deployment(model="deepseek-v3", hardware="h200",
+                     prefill={"instances": 1, "dep": 8})
+    bench = Workload(arrival=ClosedArrival(concurrency=16), requests=32,
+                     input_tokens=FixedLength(value=2048), output_tokens=FixedLength(value=1),
+                     mode="prefill_only")
+    out = simulate(dep, bench).metrics()
+    assert out["completed"] == 32 and out["gpus"] == 8
+    assert out["prefill_input_tok_s_gpu"] > 0 and out["decode_output_tok_s_gpu"] is None
+    with pytest.raises(SpecError, match="only prefill instances.*mode prefill_only.*serve"):
+        simulate(dep, bench.model_copy(update={"mode": "serve"}))

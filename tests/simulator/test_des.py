@@ -357,5 +357,5 @@ def test_a_single_role_prefill_deck_simulates_and_a_serve_deck_is_refused():
     out = simulate(dep, bench).metrics()
     assert out["completed"] == 32 and out["gpus"] == 8
     assert out["prefill_input_tok_s_gpu"] > 0 and out["decode_output_tok_s_gpu"] is None
-    with pytest.raises(SpecError, match="only prefill instances.*mode prefill_only.*serve"):
+    with pytest.raises(SpecError, match=r"only prefill instances.*mode prefill_only.*serve"):
         simulate(dep, bench.model_copy(update={"mode": "serve"}))

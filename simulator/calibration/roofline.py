@@ -88,7 +88,7 @@ def mega_moe(hw: HardwareSpec, tokens: ArrayLike, hidden: ArrayLike, inter: Arra
     return np.maximum(gemm, sent / (gb_s * 1e9) * 1e3)
 
 
-def transfer(nbytes: ArrayLike, gb_s: float, latency_us: float = 10.0) -> np.ndarray:
+def transfer(nbytes: ArrayLike, gb_s: ArrayLike, latency_us: float = 10.0) -> np.ndarray:
     """Moving bytes over a link of `gb_s` GB/s with a fixed start-up latency."""
     return np.asarray(nbytes, dtype=float) / (gb_s * 1e9) * 1e3 + latency_us * 1e-3
 

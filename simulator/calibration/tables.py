@@ -55,9 +55,12 @@ OP_FILES: dict[str, tuple[str, str]] = {
     "dsv4_hca_attn": ("sparse_attention", "dsv4_hca_attn_module_perf.parquet"),
     "mhc": ("mhc", "mhc_module_perf.parquet"),
     "mega_moe": ("moe", "dsv4_megamoe_module_perf.parquet"),
+    "a2a_wide_ll": ("comm", "wideep_deepep_ll_perf.parquet"),
+    "a2a_wide_normal": ("comm", "wideep_deepep_normal_perf.parquet"),
 }
 OP_ENGINES = {"nccl": ("nccl",), "moe_wideep_generation": ("sglang",),
-              "mega_moe": ("sglang",),
+              "mega_moe": ("sglang",), "a2a_wide_ll": ("sglang",),
+              "a2a_wide_normal": ("sglang",),
               "moe_wideep_context": ("sglang",)}
 """Ops whose tables sit under a library's folder rather than the engine's."""
 NCCL_OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
@@ -106,6 +109,17 @@ MEASURED_HIDDEN = {"DeepSeek-V3.2": 7168, "GLM-5": 6144, "DeepSeek-V4-Flash-FP8"
                    "DeepSeek-V4-Flash": 4096, "DeepSeek-V4-Pro": 7168}
 """Hidden size of the models the sparse-attention tables name in their `model` column, to
 pick a model's own rows where a table spans several."""
+
+
+def a2a_rate(ep: Any, per_domain: int, scaleup_gb_s: float, nic_gb_s: float) -> np.ndarray:
+    """Per-GPU all-to-all rate (GB/s) of `ep` ranks filling domains of `per_domain` GPUs:
+    bytes to peers inside the domain go over NVLink, the rest over the NIC, both at once
+    (the topology's rule, for table rows that name only their EP size)."""
+    n = np.asarray(ep, dtype=float)
+    inside = np.minimum(n, per_domain) - 1
+    outside = n - inside - 1
+    t = np.maximum(inside / scaleup_gb_s, outside / nic_gb_s)
+    return np.where(t > 0, (n - 1) / np.where(t > 0, t, 1.0), scaleup_gb_s)
 
 
 def _measured_kv(kv_dtype: str) -> tuple[str, int]:
@@ -724,7 +738,59 @@ class Calibration:
                                                        r.topk.to_numpy(), r.ep_size), scaleup))
         t = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1.0)
         pts = np.stack([t, np.full_like(t, ep)], axis=1)
+        wide = self._wide_a2a(hidden, topk, experts, phase, low_latency)
+        own_ep = 0.0 if grid is None else float(grid[0].axes[1].max())
+        if wide is not None and ep > own_ep and float(wide[0].axes[1].max()) > own_ep:
+            # Wider than the engine's own table measured: DeepEP measured at that EP size
+            # (multi-node), with the same kernels, beats extrapolating an 8-GPU measurement.
+            grid = wide
         return self._price(grid, pts, rf.transfer(nbytes(t, hidden, topk, ep), gb_s), 0.5)
+
+    def _wide_a2a(self, hidden: int, topk: int, experts: int, phase: str,
+                  low_latency: bool) -> tuple[Grid, int, str] | None:
+        """DeepEP dispatch / combine measured over several nodes (SGLang's wide-EP collector,
+        every version that ships on this system, fastest kernel per point): a grid over
+        (tokens per rank, EP size = nodes x GPUs per host); None when none ships."""
+        op = "a2a_wide_ll" if low_latency else "a2a_wide_normal"
+        key = ("a2a_wide", op, hidden, topk, experts, phase)
+        if key in self._grids:
+            return self._grids[key]
+        folder, fname = OP_FILES[op]
+        frames = []
+        if self.hardware.system:
+            base = aic_system_dir(self.hardware.system) / folder / "sglang"
+            if base.is_dir():
+                frames = [pd.read_parquet(p / fname) for p in sorted(base.iterdir())
+                          if (p / fname).is_file()]
+        if not frames:
+            self._grids[key] = None
+            return None
+        df = pd.concat(frames, ignore_index=True)
+        per = self.hardware.gpus_per_host
+        if low_latency:
+            us = df[f"{phase}_avg_t_us"]
+        else:
+            us = df[f"{phase}_transmit_us"] + df[f"{phase}_notify_us"]
+        df = df.assign(latency=us * 1e-3, ep_size=df.node_num * per,
+                       num_tokens=df.num_token, topk=df.num_topk)
+        rows, floor = self._nearest(df, {"hidden_size": hidden, "topk": topk,
+                                         "num_experts": experts})
+        elem = 1.0 if phase == "dispatch" else 2.0
+        hw = self.hardware
+
+        def roof(r: pd.DataFrame) -> np.ndarray:
+            n = r.ep_size.to_numpy(float)
+            rate = a2a_rate(n, per, hw.scaleup_gb_s, hw.nic_gb_s)
+            sent = r.num_tokens.to_numpy(float) * r.topk.to_numpy(float) * r.hidden_size.to_numpy(
+                float) * elem * (n - 1) / n
+            return rf.transfer(sent, rate)
+
+        pts = rows[["num_tokens", "ep_size"]].to_numpy(dtype=float)
+        built = (Grid.build(pts, rows["latency"].to_numpy(float), roof(rows)), floor,
+                 f"{self.hardware.system}/comm/sglang/wideep_deepep_"
+                 f"{'ll' if low_latency else 'normal'}")
+        self._grids[key] = built
+        return built
 
     def collective(self, op: str, nbytes: np.ndarray | float, gpus: int, gb_s: float) -> Priced:
         """An NCCL collective (all_gather, reduce_scatter, all_reduce, alltoall) of `nbytes`

@@ -48,3 +48,10 @@ def test_report_figures_prints_every_figure_with_its_command():
     for r in predicted:
         assert r["predicted"] > 0
         assert r["rel_error"] == (r["predicted"] - r["published"]) / r["published"]
+
+
+def test_wide_ep_comm_prints_deepep_beside_rackplan():
+    out = run("benchmarks/wide_ep_comm.py")
+    kernels = [line.split()[0] for line in out.splitlines()[1:-1]]
+    assert kernels.count("low_latency") == 12 and kernels.count("normal") == 8
+    assert "mean absolute error" in out

@@ -36,7 +36,7 @@ def make_space(tiny: bool) -> SearchSpace:
     space = build_space("deepseek-r1", "h200", 32 if not tiny else 24, layouts=("pd",),
                         deps=(8, 16), max_num_batched_tokens=(8192,) if tiny else (8192, 16384),
                         max_num_seqs=(16, 64) if tiny else (16, 64, 256), mtp_tokens=(0, 1),
-                        all2all=("deepep_low_latency",))
+                        all2all=("deepep_low_latency",), dbo=(False,))
     return dataclasses.replace(space, redundant={d: (0,) for d in space.deps})
 
 

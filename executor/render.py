@@ -106,6 +106,10 @@ def role_flags(deployment: Deployment, role_name: str, role: RoleSpec,
             flags += ["--moe-backend", str(family.mega_moe)]
         else:
             flags += ["--all2all-backend", role.backend(role_name)]
+    if role.dbo:  # vllm/config/parallel.py: enable_dbo and its two thresholds
+        flags += ["--enable-dbo",
+                  "--dbo-decode-token-threshold", str(role.dbo_decode_token_threshold),
+                  "--dbo-prefill-token-threshold", str(role.dbo_prefill_token_threshold)]
     if role.redundant_experts:
         flags += ["--enable-eplb", "--eplb-config",
                   _compact({"num_redundant_experts": role.redundant_experts})]

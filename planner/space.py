@@ -19,6 +19,8 @@ from simulator.calibration import Calibration
 from simulator.cost.memory import check_memory
 from simulator.resolve import Resolved, resolve
 from simulator.specs.deployment import (
+    DBO_BACKENDS,
+    DEFAULT_BACKEND,
     All2AllBackend,
     Deployment,
     Precision,
@@ -71,6 +73,9 @@ class SearchSpace:
     """Assumed acceptance of each MTP draft token (a property of model and traffic)."""
     all2all: tuple[All2AllBackend, ...] = ("deepep_low_latency", "allgather_reducescatter")
     """MoE token exchange tried on decode and aggregated instances; prefill keeps the default."""
+    dbo: tuple[bool, ...] = (False, True)
+    """Dual-batch overlap tried per role (vLLM --enable-dbo); only where the role's all2all
+    backend runs it."""
 
     def instance_range(self, role: str, dep: int) -> tuple[int, int]:
         """Instances of `role` at DEP `dep` worth trying: 1 up to what the budget leaves once
@@ -88,7 +93,7 @@ class SearchSpace:
             "max_num_seqs": list(self.max_num_seqs),
             "max_num_batched_tokens": list(self.max_num_batched_tokens),
             "mtp_tokens": list(self.mtp_tokens), "mtp_acceptance": self.mtp_acceptance,
-            "all2all": list(self.all2all),
+            "all2all": list(self.all2all), "dbo": list(self.dbo),
         }
 
 
@@ -187,6 +192,8 @@ def suggest(trial: TrialLike, space: SearchSpace) -> Deployment:
             cat(f"{role}_max_num_seqs", space.max_num_seqs)
             cat(f"{role}_mtp_tokens", space.mtp_tokens)
             cat(f"{role}_all2all", space.all2all)
+        if len(space.dbo) > 1:
+            cat(f"{role}_dbo", space.dbo)
     return deployment_from_params(space, params)
 
 
@@ -219,6 +226,9 @@ def deployment_from_params(space: SearchSpace, params: Mapping[str, Any]) -> Dep
             mtp = int(params[f"{role}_mtp_tokens"])
             if mtp:
                 fields["speculative"] = Speculative(tokens=mtp, acceptance=space.mtp_acceptance)
+        backend = fields.get("all2all_backend") or DEFAULT_BACKEND[role]
+        if params.get(f"{role}_dbo", space.dbo[0]) and backend in DBO_BACKENDS:
+            fields["dbo"] = True
         roles[role] = RoleSpec(**fields)
     precision = {} if space.precision == Precision() else {"precision": space.precision}
     return Deployment(model=space.model, hardware=space.hardware, engine=space.engine,
@@ -244,8 +254,10 @@ def _role_points(space: SearchSpace, role: str) -> Iterator[dict[str, Any]]:
         seqs = space.max_num_seqs if role != "prefill" else (None,)
         mtp = space.mtp_tokens if role != "prefill" else (None,)
         a2a = space.all2all if role != "prefill" else (None,)
-        for n, r, t, s, k, b in itertools.product(range(low, high + 1), space.redundant[dep],
-                                                   mnbt, seqs, mtp, a2a):
+        dbo = space.dbo if len(space.dbo) > 1 else (None,)
+        for n, r, t, s, k, b, o in itertools.product(range(low, high + 1),
+                                                      space.redundant[dep], mnbt, seqs, mtp,
+                                                      a2a, dbo):
             point: dict[str, Any] = {f"{role}_dep": dep, f"{role}_instances_dep{dep}": n,
                                      f"{role}_redundant_dep{dep}": r}
             if t is not None:
@@ -254,6 +266,11 @@ def _role_points(space: SearchSpace, role: str) -> Iterator[dict[str, Any]]:
                 point[f"{role}_max_num_seqs"] = s
                 point[f"{role}_mtp_tokens"] = k
                 point[f"{role}_all2all"] = b
+            if o is not None:
+                backend = b or DEFAULT_BACKEND[role]
+                if o and backend not in DBO_BACKENDS:
+                    continue  # the same deployment as dbo off
+                point[f"{role}_dbo"] = o
             yield point
 
 

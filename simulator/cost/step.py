@@ -53,6 +53,11 @@ class Instance:
     deepep_high_throughput, or an NCCL all-gather + reduce-scatter for the others."""
     overhead_ms: float | None = None
     """Fixed per-step overhead; None: the default for the hardware kind."""
+    dbo: bool = False
+    """Dual-batch overlap (vLLM --enable-dbo): steps over the thresholds run as two
+    micro-batches, one's all-to-all under the other's compute."""
+    dbo_thresholds: tuple[int, int] = (32, 512)
+    """Tokens per rank above which a decode-only / a prefill step is split."""
     mega_moe: bool = False
     """Routed experts on DeepGEMM's MegaMoE kernel: dispatch, expert GEMMs and combine in one
     kernel that overlaps the exchange with the GEMMs (vLLM --moe-backend deep_gemm_mega_moe)."""
@@ -104,6 +109,8 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
         a2a_gb_s=a2a_gb_s,
         all2all=role.backend(role_name),
         overhead_ms=overhead_ms,
+        dbo=role.dbo and role.dep is not None,
+        dbo_thresholds=(role.dbo_decode_token_threshold, role.dbo_prefill_token_threshold),
         mega_moe=uses_mega_moe(model.architecture, hardware.name, role, weights))
 
 
@@ -123,6 +130,12 @@ class Batch:
     """Mean tokens already cached for them before this chunk (prefix hits, earlier chunks)."""
     expert_tokens: np.ndarray | None = None
     """Token-to-expert assignments each EP rank receives; None: spread evenly."""
+
+    def halved(self) -> Batch:
+        """One of the two micro-batches dual-batch overlap splits this batch into."""
+        return Batch(self.decode_requests / 2, self.decode_context, self.prefill_tokens / 2,
+                     self.prefill_requests / 2, self.prefill_context,
+                     None if self.expert_tokens is None else self.expert_tokens / 2)
 
     @classmethod
     def decode(cls, ranks: int, requests: float, context: float) -> Batch:
@@ -209,7 +222,46 @@ def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ct
 
 
 def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
-    """Duration of one engine step of `inst` running `batch` (see module docstring)."""
+    """Duration of one engine step of `inst` running `batch` (see module docstring).
+
+    With dual-batch overlap a step over vLLM's token thresholds runs as two micro-batches:
+    while one exchanges its tokens (dispatch / combine), the other computes. Per layer that is
+    two rounds of max(compute, exchange) of one micro-batch plus one layer's fill, bounded
+    below by max(compute, exchange) of the whole batch (overlap hides, it never removes) and
+    above by their sum (never slower than not overlapping). The exchange left exposed is what
+    the breakdown books as communication."""
+    full = _step(inst, batch, cal)
+    comm = full.breakdown["communication"]
+    if not inst.dbo or comm <= 0 or not _splits(inst, batch):
+        return full
+    half = _step(inst, batch.halved(), cal)
+    over = inst.step_overhead_ms
+    c, m = full.total_ms - comm - over, comm
+    mh = half.breakdown["communication"]
+    ch = half.total_ms - mh - over
+    layers = max(inst.model.moe_layers, 1)
+    body = float(np.clip(2 * max(ch, mh) + min(ch, mh) / layers, max(c, m), c + m))
+    exposed = body - c
+    share = exposed / m
+    parts = {k: (v * share if k.startswith("all_to_all") else v) for k, v in full.parts.items()}
+    breakdown = {**full.breakdown, "communication": exposed}
+    provenance = {**full.provenance,
+                  "dbo": f"two micro-batches, {exposed:.3g} of {m:.3g} ms exchange exposed"}
+    return StepTime(body + over, breakdown, provenance, parts, full.tokens)
+
+
+def _splits(inst: Instance, batch: Batch) -> bool:
+    """Whether vLLM's dual-batch overlap splits this step (tokens per rank over the
+    threshold of its kind: decode-only, or with prefill work)."""
+    dec = np.asarray(batch.decode_requests, dtype=float) * (1 + inst.spec_tokens)
+    pre = np.asarray(batch.prefill_tokens, dtype=float)
+    tokens = float(np.max(dec + pre))
+    threshold = inst.dbo_thresholds[1] if pre.sum() > 0 else inst.dbo_thresholds[0]
+    return tokens > threshold
+
+
+def _step(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
+    """One step without dual-batch overlap."""
     m = inst.model
     dp = inst.dp
     led = _Ledger()

@@ -27,6 +27,9 @@ DEFAULT_BACKEND: dict[str, All2AllBackend] = {
     "decode": "deepep_low_latency",
     "aggregated": "allgather_reducescatter",
 }
+DBO_BACKENDS = ("deepep_low_latency", "deepep_high_throughput")
+"""All-to-all backends vLLM's dual-batch overlap (micro-batching) runs with."""
+
 DEFAULT_ROUTER: dict[str, RouterPolicy] = {
     "prefill": "least_tokens",
     "decode": "least_requests",
@@ -89,6 +92,15 @@ class RoleSpec(BaseModel):
     router: RouterPolicy | None = None
     """How requests pick an instance/rank; null: least_tokens for prefill, least_requests
     otherwise."""
+    dbo: bool = False
+    """Dual-batch overlap: split a step into two micro-batches so that one's MoE all-to-all
+    runs under the other's compute (vLLM --enable-dbo; off by default, as in vLLM)."""
+    dbo_decode_token_threshold: int = Field(32, ge=0)
+    """With dbo: a decode-only step of more tokens per rank than this is split (vLLM's
+    default 32)."""
+    dbo_prefill_token_threshold: int = Field(512, ge=0)
+    """With dbo: a step with prefill work of more tokens per rank than this is split (vLLM's
+    default 512)."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """Share of GPU memory the engine may use, in (0, 1] (default 0.9)."""
 
@@ -101,6 +113,9 @@ class RoleSpec(BaseModel):
                 f"redundant_experts={self.redundant_experts} needs expert parallelism; "
                 "give dep (or tp with enable_expert_parallel), or set redundant_experts to 0"
             )
+        if self.dbo and self.dep is None:
+            raise SpecError("dbo=true overlaps the DP ranks' all-to-all and needs dep; give dep "
+                            "or set dbo to false")
         return self
 
     @property
@@ -173,6 +188,11 @@ class Deployment(BaseModel):
         if self.aggregated is None and not pd:
             raise SpecError("no roles given; give prefill and decode (P/D), aggregated alone, "
                             "or one of prefill / decode alone for an isolated-role bench")
+        for name, r in self.roles.items():
+            if r.dbo and r.backend(name) not in DBO_BACKENDS:
+                raise SpecError(f"{name}: dbo=true needs all2all_backend in "
+                                f"{', '.join(DBO_BACKENDS)} (vLLM's micro-batching), not "
+                                f"{r.backend(name)!r}")
         used = self.gpus_used
         if self.gpus is not None and self.gpus < used:
             parts = ", ".join(
@@ -270,8 +290,9 @@ fused; vLLM --moe-backend deep_gemm_mega_moe) where it applies."""
 
 def uses_mega_moe(architecture: str, hardware: str, role: RoleSpec, weights: str) -> bool:
     """Whether a role runs MegaMoE: a family that has it, fp4 experts, expert parallel,
-    Blackwell, and no all2all backend chosen by hand (that picks the fused-MoE path). The
+    Blackwell, and no all2all backend or dual-batch overlap chosen by hand (either picks the
+    DeepEP path). The
     executor renders exactly this; the cost model prices it."""
     return (architecture in MEGA_MOE_ARCHITECTURES and role.expert_parallel
-            and role.all2all_backend is None and weights == "fp4"
+            and role.all2all_backend is None and not role.dbo and weights == "fp4"
             and hardware.lower() in SM100_HARDWARE)

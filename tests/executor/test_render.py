@@ -113,3 +113,15 @@ def test_a_single_role_bench_deck_is_not_deployed():
     d = Deployment(model="deepseek-v3", hardware="h200", decode=RoleSpec(dep=8))
     with pytest.raises(SpecError, match="only decode instances, an isolated-role bench"):
         render(d)
+
+
+def test_dual_batch_overlap_flags():
+    d = Deployment(model="deepseek-v3", hardware="h200",
+                   prefill=RoleSpec(dep=16, dbo=True, dbo_prefill_token_threshold=1024),
+                   decode=RoleSpec(dep=16))
+    pre, dec = render(d).processes[0], render(d).processes[-1]
+    assert "--enable-dbo" in pre.argv and "--enable-dbo" not in dec.argv
+    assert flag(pre.argv, "--dbo-prefill-token-threshold") == "1024"
+    assert flag(pre.argv, "--dbo-decode-token-threshold") == "32"
+    with pytest.raises(ValueError, match="aggregated: dbo=true needs all2all_backend"):
+        Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(dep=8, dbo=True))

@@ -127,3 +127,15 @@ def test_vllm_s_own_parser_accepts_the_deepseek_v4_golden_rendering():
     assert [e for e in result.errors if e.process != "old recipe host 0"] == []
     ((flag, message),) = [(e.flag, e.message) for e in result.errors]
     assert flag == "--attention-config" and "use_fp4_indexer_cache" in message
+
+
+@pytest.mark.skipif(engine_python() is None, reason="no engine environment (.venv-engine)")
+def test_vllm_s_own_parser_accepts_dual_batch_overlap():
+    from executor.render import render
+    from simulator.specs.deployment import Deployment, RoleSpec
+    d = Deployment(model="deepseek-v3", hardware="h200",
+                   prefill=RoleSpec(dep=16, dbo=True), decode=RoleSpec(dep=16, dbo=True))
+    processes = [(f"{p.instance} host {p.host}", list(p.argv)) for p in render(d).processes]
+    result = check_with_vllm(processes)
+    assert result.skipped is None, result.skipped
+    assert not result.errors

@@ -125,3 +125,18 @@ def test_check_passes_a_feasible_point():
                    decode=RoleSpec(dep=16, redundant_experts=16))
     resolved = check(d, small_space())
     assert set(resolved.roles) == {"prefill", "decode"}
+
+
+def test_dual_batch_overlap_is_searched_where_the_backend_runs_it():
+    space = build_space("deepseek-r1", "h200", 32, deps=(8, 16), max_num_seqs=(64,),
+                        max_num_batched_tokens=(8192,), mtp_tokens=(0,))
+    points = list(enumerate_params(space))
+    deployments = [deployment_from_params(space, p) for p in points]
+    with_dbo = [d for d in deployments if any(r.dbo for r in d.roles.values())]
+    assert with_dbo and len(with_dbo) < len(deployments)
+    for d in with_dbo:
+        for name, r in d.roles.items():
+            assert not r.dbo or r.backend(name) in ("deepep_low_latency",
+                                                     "deepep_high_throughput")
+    keys = {d.model_dump_json() for d in deployments}
+    assert len(keys) == len(deployments)  # no point repeats another with dbo dropped

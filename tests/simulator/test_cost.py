@@ -135,3 +135,30 @@ def test_wide_ep_prices_experts_from_the_deepep_table(cal):
     assert "/moe/sglang/" in wide.provenance["routed_experts"]  # DeepEP grouped GEMMs
     assert "/moe/vllm/" in gathered.provenance["routed_experts"]  # every token on every rank
     assert wide.parts["routed_experts"] < gathered.parts["routed_experts"]
+
+
+@pytest.mark.parametrize("batch", [Batch.decode(32, 128, 4096), Batch.decode(32, 8, 4096),
+                                   Batch.prefill(32, 8192), Batch.prefill(32, 600)],
+                         ids=["decode", "small-decode", "prefill", "small-prefill"])
+def test_overlap_is_bounded_by_the_max_and_the_sum_of_compute_and_exchange(batch):
+    from dataclasses import replace
+
+    from simulator.calibration.tables import a2a_rate
+    m, hw = load_model("deepseek-v3"), load_hardware("h100")
+    cal = load_calibration(hw, "vllm")
+    role = "prefill" if batch.prefill_tokens.sum() else "decode"
+    base = Instance(model=m, hardware=hw, role=role, ranks=32, expert_parallel=True,
+                    a2a_gb_s=float(a2a_rate(32, 8, hw.scaleup_gb_s, hw.nic_gb_s)),
+                    all2all="deepep_high_throughput" if role == "prefill" else
+                    "deepep_low_latency")
+    plain = step_time(base, batch, cal)
+    dbo = step_time(replace(base, dbo=True), batch, cal)
+    over = base.step_overhead_ms
+    m_ = plain.breakdown["communication"]
+    c = plain.total_ms - m_ - over
+    assert max(c, m_) + over - 1e-9 <= dbo.total_ms <= plain.total_ms + 1e-9
+    assert sum(dbo.breakdown.values()) == pytest.approx(dbo.total_ms)
+    assert sum(dbo.parts.values()) == pytest.approx(dbo.total_ms)
+    small = float((batch.decode_requests + batch.prefill_tokens).max()) <= (
+        512 if role == "prefill" else 32)
+    assert (dbo.total_ms == plain.total_ms) == small or dbo.total_ms == plain.total_ms

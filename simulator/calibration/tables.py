@@ -187,6 +187,27 @@ class Calibration:
             self._frames[op] = None if found is None else (pd.read_parquet(found[0]), found[1])
         return self._frames[op]
 
+    def _version_frames(self, op: str) -> list[tuple[pd.DataFrame, str]]:
+        """The engine's own tables of `op` at its other shipped versions, newest first."""
+        own = self.frame(op)
+        if own is None or not self.hardware.system or own[1].startswith("user/"):
+            return []
+        folder, fname = OP_FILES[op]
+        engine, picked = own[1].split("/")[2:4]
+        base = aic_system_dir(self.hardware.system) / folder / engine
+        versions = sorted((p.name for p in base.iterdir() if (p / fname).is_file()
+                           and p.name != picked), key=_version_key, reverse=True)
+        out = []
+        for v in versions:
+            key = f"{op}@{engine}@{v}"
+            if key not in self._frames:
+                self._frames[key] = (pd.read_parquet(base / v / fname),
+                                     f"{self.hardware.system}/{folder}/{engine}/{v}")
+            got = self._frames[key]
+            if got is not None:
+                out.append(got)
+        return out
+
     def _other_frames(self, op: str) -> list[tuple[pd.DataFrame, str]]:
         """The same op measured on the same system by the other engines, for shapes or dtypes
         the engine's own table lacks."""
@@ -217,9 +238,10 @@ class Calibration:
               roof: Callable[[pd.DataFrame], np.ndarray]) -> tuple[Grid, int, str] | None:
         """A cached Grid for the rows `select` keeps; the int is the provenance floor.
 
-        When the engine's own table lacks the shape or dtype (rows only by transfer from another
-        shape or dtype), another engine's measurement of the same kernel on the same system is
-        preferred to the transfer."""
+        Preference, with the choice in the label: (a) the engine's own table at the pinned (or
+        newest) version, (b) its own table at another version that measured the shape and
+        dtype, (c) another engine's measurement of the same kernel on the same system, (d) a
+        shape or dtype transfer inside the engine's own table, (e) the roofline (no table)."""
         if key not in self._grids:
 
             def build(got: tuple[pd.DataFrame, str] | None) -> tuple[Grid, int, str] | None:
@@ -235,7 +257,7 @@ class Calibration:
 
             built = build(self.frame(op))
             if built is None or built[1] >= EXTRAPOLATED:
-                for other in self._other_frames(op):
+                for other in [*self._version_frames(op), *self._other_frames(op)]:
                     alt = build(other)
                     if alt is not None and alt[1] < EXTRAPOLATED:
                         built = alt

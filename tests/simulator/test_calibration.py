@@ -120,17 +120,16 @@ def test_every_operation_prices_on_every_system_and_engine(hw, engine):
         assert p.source in ("measured", "interpolated", "extrapolated", "roofline")
 
 
-def test_a_shape_the_engine_never_measured_is_priced_from_another_engines_measurement():
-    # TensorRT-LLM's H200 MoE table has no gpt-oss (MXFP4, 128 experts, top-4) rows; vLLM's
-    # table on the same system measured that kernel, which beats a transfer from another shape.
+def test_a_shape_the_newest_table_lacks_is_priced_from_an_older_version_that_measured_it():
+    # TensorRT-LLM's newest H200 MoE table has no gpt-oss (MXFP4, 128 experts, top-4) rows;
+    # its 1.3.0rc20 table measured that kernel, which beats vLLM's table and any transfer.
     trt = load_calibration(load_hardware("h200"), "trtllm")
     df, label = trt.frame("moe")
     assert "/trtllm/" in label
     assert not ((df.hidden_size == 2880) & (df.num_experts == 128)).any()
     p = trt.moe(256, 2880, 2880, 4, 128, 1, "fp4")
-    assert "/vllm/" in p.table and p.source in ("measured", "interpolated")
-    vllm = load_calibration(load_hardware("h200"), "vllm").moe(256, 2880, 2880, 4, 128, 1, "fp4")
-    assert p.ms == pytest.approx(vllm.ms)
+    assert "/trtllm/" in p.table and p.table != label
+    assert p.source in ("measured", "interpolated")
     # A shape the engine did measure keeps its own table.
     own = trt.moe(256, 2048, 5120, 22, 512, 8, "fp8")
     assert "/trtllm/" in own.table and own.source in ("measured", "interpolated")
@@ -151,3 +150,32 @@ def test_wide_ep_all_to_all_comes_from_the_multi_node_measurement():
     # inside one node the engine's own table still prices it
     own = cal.all_to_all(128, 7168, 8, 256, 8, "dispatch", True, hw.scaleup_gb_s)
     assert "comm/vllm" in own.table
+
+
+def test_table_preference_order_on_a_synthetic_table_set(tmp_path, monkeypatch):
+    from simulator.calibration import tables
+    monkeypatch.setattr(tables, "aic_system_dir", lambda system: tmp_path / system)
+    hw = load_hardware("h200").model_copy(update={"system": "synthetic"})
+
+    def table(engine: str, version: str, dtype: str, latency: float) -> None:
+        folder = tmp_path / "synthetic" / "gemm" / engine / version
+        folder.mkdir(parents=True)
+        pd.DataFrame({"m": [64, 128], "n": [4096, 4096], "k": [4096, 4096],
+                      "gemm_dtype": [dtype, dtype], "latency": [latency, 2 * latency]}
+                     ).to_parquet(folder / "gemm_perf.parquet")
+
+    def price() -> tuple[float, str, str]:
+        p = tables.Calibration(hw, "trtllm").gemm(64, 4096, 4096, "fp8")
+        return float(p.ms[0]), p.source, p.table
+
+    table("trtllm", "2.0", "bfloat16", 0.30)  # the newest own table lacks fp8
+    table("trtllm", "1.0", "fp8", 0.10)
+    table("vllm", "1.0", "fp8", 0.20)
+    assert price() == (pytest.approx(0.10), "measured", "synthetic/gemm/trtllm/1.0")  # (b)
+    (tmp_path / "synthetic/gemm/trtllm/1.0/gemm_perf.parquet").unlink()
+    assert price() == (pytest.approx(0.20), "measured", "synthetic/gemm/vllm/1.0")  # (c)
+    (tmp_path / "synthetic/gemm/vllm/1.0/gemm_perf.parquet").unlink()
+    ms, source, label = price()  # (d): fp8 from the bf16 rows' efficiency
+    assert (source, label) == ("extrapolated", "synthetic/gemm/trtllm/2.0") and ms > 0
+    table("trtllm", "3.0", "fp8", 0.05)
+    assert price() == (pytest.approx(0.05), "measured", "synthetic/gemm/trtllm/3.0")  # (a)

@@ -188,15 +188,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
             rows = rows[rows[col] == want]
     if args.sample and args.sample < len(rows):
         rows = rows.sample(args.sample, random_state=args.seed).sort_index()
-    with _progress("validating", total=float(len(rows))) as advance:
-        df = validate(rows, progress=lambda done, _total: advance(float(done)),
-                      workers=args.workers)
-    report = summarize(df)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    journal = out.with_name(out.name + ".partial")
+    if args.restart:
+        journal.unlink(missing_ok=True)
+    elif journal.is_file():
+        print(f"resuming from {journal} (--restart to start over)", file=sys.stderr)
+    with _progress("validating", total=float(len(rows))) as advance:
+        df = validate(rows, progress=lambda done, _total: advance(float(done)),
+                      workers=args.workers, journal=journal)
+    report = summarize(df)
     tmp = out.with_suffix(out.suffix + ".tmp")
     df.to_csv(tmp, index=False)
     tmp.replace(out)
+    journal.unlink(missing_ok=True)
     report["csv"] = str(out)
     if args.json:
         _print_json(report)
@@ -451,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes to spread the rows over (default: all cores)")
     p.add_argument("--out", default="runs/validate.csv", help="per-row CSV "
                                                                "(default runs/validate.csv)")
+    p.add_argument("--restart", action="store_true",
+                   help="drop the rows a killed run left in OUT.partial instead of resuming "
+                        "from them")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_validate)
     register_ui(sub)

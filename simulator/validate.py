@@ -14,6 +14,7 @@ with the reason.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from collections.abc import Callable
@@ -222,26 +223,71 @@ def predict_row(row: pd.Series, predictor: Predictor = default_predictor) -> dic
     return rec
 
 
+RECORD_COLUMNS = ("id", "backend", "system", "mode", "model", "isl", "osl", "concurrency",
+                  "ttft_ms", "tpot_ms", "covered", "reason", "pred_ttft_ms", "pred_tpot_ms")
+"""The columns of one row's record, in the order the journal writes them."""
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """The records a killed or finished run wrote to its journal (none when it is absent)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return []
+    try:
+        df = pd.read_csv(path, keep_default_na=True)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise SpecError(f"{path}: not a validate journal ({e}); remove it to start over") \
+            from None
+    if tuple(df.columns) != RECORD_COLUMNS:
+        raise SpecError(f"{path}: its columns are not a validate journal's; remove it to start "
+                        "over")
+    df["reason"] = df["reason"].astype(object).where(df["reason"].notna(), "")
+    df["covered"] = df["covered"].astype(bool)
+    return list(df.to_dict(orient="records"))
+
+
 def validate(rows: pd.DataFrame, predictor: Predictor = default_predictor,
              progress: Callable[[int, int], None] | None = None,
-             workers: int = 1) -> pd.DataFrame:
+             workers: int = 1, journal: Path | None = None) -> pd.DataFrame:
     """Predict every row; the frame gains covered, reason, pred_ttft_ms, pred_tpot_ms, moe.
 
-    `workers` > 1 spreads rows over processes (the default predictor only)."""
-    items = [row for _, row in rows.iterrows()]
-    out: list[dict[str, Any]] = []
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            for rec in pool.map(predict_row, items, chunksize=4):
-                out.append(rec)
-                if progress:
-                    progress(len(out), len(items))
-    else:
-        for row in items:
-            out.append(predict_row(row, predictor))
-            if progress:
-                progress(len(out), len(items))
-    df = pd.DataFrame(out)
+    `workers` > 1 spreads rows over processes (the default predictor only). `journal`: a CSV
+    each finished row is appended to at once, so that a killed run keeps its work; rows it
+    already holds are not predicted again."""
+    done = [r for r in read_journal(journal) if r["id"] in set(rows.id)] if journal else []
+    seen = {r["id"] for r in done}
+    items = [row for _, row in rows.iterrows() if row.id not in seen]
+    out: list[dict[str, Any]] = list(done)
+    total = len(done) + len(items)
+    sink = None
+    if journal is not None:
+        fresh = not journal.is_file() or journal.stat().st_size == 0
+        sink = journal.open("a", newline="")
+        writer = csv.DictWriter(sink, fieldnames=RECORD_COLUMNS, extrasaction="ignore")
+        if fresh:
+            writer.writeheader()
+
+    def keep(rec: dict[str, Any]) -> None:
+        out.append(rec)
+        if sink is not None:
+            writer.writerow(rec)
+            sink.flush()
+        if progress:
+            progress(len(out), total)
+
+    try:
+        if progress and done:
+            progress(len(out), total)
+        if workers > 1:
+            with ProcessPoolExecutor(workers) as pool:
+                for rec in pool.map(predict_row, items, chunksize=4):
+                    keep(rec)
+        else:
+            for row in items:
+                keep(predict_row(row, predictor))
+    finally:
+        if sink is not None:
+            sink.close()
+    df = pd.DataFrame(out, columns=list(RECORD_COLUMNS))
     df["moe"] = df.model.map({m: is_moe_model(m) for m in df.model.unique()})
     df["fit_row"] = df.id.map(in_fit_half) & (df.concurrency <= FIT_MAX_CONCURRENCY)
     return df

@@ -92,3 +92,29 @@ def test_report_scores_the_rows_left_out_of_fitting(rows):
                                                   "tpot_ms": {"mean": 1.0}})
     report = summarize(df)
     assert report["held_out"]["all"]["rows"] == int((~df.fit_row).sum())
+
+
+def test_a_killed_validate_resumes_without_redoing_rows(rows, tmp_path):
+    sample = rows[rows.backend == "vllm"].head(6)
+    calls: list[str] = []
+
+    class Killed(BaseException):
+        pass
+
+    def predictor(deployment, workload, die_after=None):
+        calls.append(deployment.model)
+        if die_after is not None and len(calls) > die_after:
+            raise Killed
+        return {"ttft_ms": {"mean": 1.0}, "tpot_ms": {"mean": 1.0}}
+
+    journal = tmp_path / "v.csv.partial"
+    with pytest.raises(Killed):
+        validate(sample, lambda d, w: predictor(d, w, die_after=3), journal=journal)
+    kept = pd.read_csv(journal)
+    assert 1 <= len(kept) <= 3 + (6 - sum(kept.covered))  # finished rows, nothing half-written
+    before = len(calls)
+    df = validate(sample, predictor, journal=journal)
+    assert len(df) == 6 and set(df.id) == set(sample.id)
+    redone = len(calls) - before
+    assert redone == int(df[~df.id.isin(kept.id)].covered.sum())  # only the unfinished rows
+    assert df.set_index("id").loc[kept.id, "covered"].tolist() == kept.covered.tolist()

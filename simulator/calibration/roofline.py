@@ -88,6 +88,21 @@ def mega_moe(hw: HardwareSpec, tokens: ArrayLike, hidden: ArrayLike, inter: Arra
     return np.maximum(gemm, sent / (gb_s * 1e9) * 1e3)
 
 
+def gdn(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, k_heads: ArrayLike, k_dim: int,
+        v_heads: ArrayLike, v_dim: int, conv: int) -> np.ndarray:
+    """Gated DeltaNet kernels (causal convolution + delta-rule recurrence) of `batch` requests
+    of `new` tokens each on one rank: every token reads and updates the fp32 state in chunks
+    (prefill) or once (decode), and passes q, k, v through the convolution."""
+    batch, new = np.asarray(batch, dtype=float), np.asarray(new, dtype=float)
+    k_heads, v_heads = np.asarray(k_heads, dtype=float), np.asarray(v_heads, dtype=float)
+    tokens = batch * new
+    width = 2 * k_heads * k_dim + v_heads * v_dim
+    state = v_heads * k_dim * v_dim * 4
+    flops = tokens * (2 * conv * width + 2 * 4 * v_heads * k_dim * v_dim)
+    nbytes = tokens * width * 2 * 2 + batch * state * 2
+    return _ms(hw, flops, nbytes, "bf16")
+
+
 def transfer(nbytes: ArrayLike, gb_s: ArrayLike, latency_us: float = 10.0) -> np.ndarray:
     """Moving bytes over a link of `gb_s` GB/s with a fixed start-up latency."""
     return np.asarray(nbytes, dtype=float) / (gb_s * 1e9) * 1e3 + latency_us * 1e-3

@@ -55,6 +55,7 @@ OP_FILES: dict[str, tuple[str, str]] = {
     "dsv4_hca_attn": ("sparse_attention", "dsv4_hca_attn_module_perf.parquet"),
     "mhc": ("mhc", "mhc_module_perf.parquet"),
     "mega_moe": ("moe", "dsv4_megamoe_module_perf.parquet"),
+    "gdn": ("linear_attention", "gdn_perf.parquet"),
     "a2a_wide_ll": ("comm", "wideep_deepep_ll_perf.parquet"),
     "a2a_wide_normal": ("comm", "wideep_deepep_normal_perf.parquet"),
 }
@@ -713,6 +714,42 @@ class Calibration:
         pts = np.stack([t, np.full_like(t, ep)], axis=1)
         return self._price(grid, pts, rf.mega_moe(hw, t, hidden, inter, topk, experts, ep,
                                                   dtype, gb_s), 0.5)
+
+    def gdn(self, context: bool, inst: Instance, batch: np.ndarray, new: np.ndarray) -> Priced:
+        """Gated DeltaNet kernels of one layer on one rank (the convolution and the
+        delta-rule recurrence: chunked in prefill, one step in decode) from the measured gdn
+        tables; heads split over the TP ranks."""
+        m, hw = inst.model, self.hardware
+        kh, vh = max(m.linear_k_heads // inst.tp, 1), max(m.linear_v_heads // inst.tp, 1)
+        phase = "context" if context else "generation"
+        kernels = (("causal_conv1d_fn", "chunk_gated_delta_rule") if context else
+                   ("causal_conv1d_update", "fused_recurrent_gated_delta_rule"))
+        b = np.maximum(np.atleast_1d(np.asarray(batch, dtype=float)), 1.0)
+        n = np.maximum(np.atleast_1d(np.asarray(new, dtype=float)), 1.0)
+        b, n = np.broadcast_arrays(b, n)
+        axes = ["batch_size", "seq_len"] if context else ["batch_size"]
+        pts = np.stack([b, n], axis=1) if context else b[:, None]
+        total, worst_code, table = np.zeros_like(b), 0, "roofline"
+
+        def roof_rows(r: pd.DataFrame) -> np.ndarray:
+            return rf.gdn(hw, r.batch_size, r.seq_len, r.num_k_heads.to_numpy(), m.linear_k_dim,
+                          r.num_v_heads.to_numpy(), m.linear_v_dim, m.linear_conv_kernel)
+
+        for kernel in kernels:
+            def select(df: pd.DataFrame, kernel: str = kernel) -> tuple[pd.DataFrame, int]:
+                rows = df[(df.phase == phase) & df.kernel_source.str.startswith(kernel)]
+                return self._nearest(rows, {"d_model": m.hidden, "num_k_heads": kh,
+                                            "num_v_heads": vh})
+
+            grid = self._grid(("gdn", kernel, m.hidden, kh, vh), "gdn", select, axes, roof_rows)
+            # each kernel's own share of the whole roofline, so that two sum to one pricing
+            share = 0.5
+            p = self._price(grid, pts, rf.gdn(hw, b, n, kh, m.linear_k_dim, vh, m.linear_v_dim,
+                                              m.linear_conv_kernel), 0.3 / share)
+            total = total + p.ms
+            worst_code = max(worst_code, SOURCES.index(p.source))
+            table = p.table
+        return Priced(total, SOURCES[worst_code], table)
 
     def mhc(self, tokens: np.ndarray | float, hidden: int, streams: int, iters: int) -> Priced:
         """DeepSeek-V4 hyper-connection pre + post mixing of one layer for `tokens` per rank."""

@@ -123,7 +123,8 @@ class GQA(AttentionKind):
 
     def params(self, m: ModelSpec) -> int:
         h, n, d = m.hidden, m.num_attention_heads, m.head_dim
-        return h * n * d + 2 * h * m.num_kv_heads * d + n * d * h
+        gate = h * n * d if m.attn_output_gate else 0  # Qwen3.5: q_proj also yields a gate
+        return h * n * d + gate + 2 * h * m.num_kv_heads * d + n * d * h
 
     def kv_token_bytes(self, m: ModelSpec, kv: str, indexer: str = "fp8") -> float:
         return 0.0 if self.window_of else self._entry(m, kv)
@@ -148,7 +149,8 @@ class GQA(AttentionKind):
         m, tp = inst.model, inst.tp
         heads, kvh = max(m.num_attention_heads // tp, 1), max(m.num_kv_heads // tp, 1)
         q_out = heads * m.head_dim
-        qkv = cal.gemm(tokens, q_out + 2 * kvh * m.head_dim, m.hidden, inst.weights)
+        gate = q_out if m.attn_output_gate else 0
+        qkv = cal.gemm(tokens, q_out + gate + 2 * kvh * m.head_dim, m.hidden, inst.weights)
         o = cal.gemm(tokens, m.hidden, q_out, inst.weights)
         return {"qkv_proj": qkv.scaled(tokens > 0), "o_proj": o.scaled(tokens > 0)}
 
@@ -382,8 +384,72 @@ class HCA(DSV4):
     ratio = 128
 
 
+# ---- linear attention ----------------------------------------------------------------------
+
+class GatedDeltaNet(AttentionKind):
+    """Qwen3.5's Gated DeltaNet (linear attention): a short causal convolution and a
+    recurrent state of linear_num_value_heads x key_dim x value_dim per request, the same size
+    whatever the context. Priced from the measured gdn kernel tables plus its projections."""
+
+    name = "linear"
+
+    def params(self, m: ModelSpec) -> int:
+        h = m.hidden
+        qk = m.linear_k_heads * m.linear_k_dim
+        v = m.linear_v_heads * m.linear_v_dim
+        in_proj = h * (2 * qk + 2 * v) + h * 2 * m.linear_v_heads  # q, k, v, gate z; b, a
+        conv = m.linear_conv_kernel * (2 * qk + v)
+        return in_proj + conv + v * h + 2 * m.linear_v_heads
+
+    def kv_token_bytes(self, m: ModelSpec, kv: str, indexer: str = "fp8") -> float:
+        return 0.0
+
+    def state_bytes(self, m: ModelSpec) -> float:
+        """Per-request state of one layer: the fp32 recurrent state and the bf16 window of the
+        convolution (as vLLM keeps them)."""
+        ssm = m.linear_v_heads * m.linear_k_dim * m.linear_v_dim * 4
+        conv = (2 * m.linear_k_heads * m.linear_k_dim + m.linear_v_heads * m.linear_v_dim) * (
+            m.linear_conv_kernel - 1) * 2
+        return float(ssm + conv)
+
+    def kv_bytes(self, m: ModelSpec, context: Any, kv: str, indexer: str = "fp8") -> Any:
+        return np.where(_b(context) > 0, self.state_bytes(m), 0.0)
+
+    def attended(self, m: ModelSpec, context: Any) -> Any:
+        return np.minimum(_b(context), 1.0)  # the state, once
+
+    def core_flops(self, m: ModelSpec, context: Any) -> Any:
+        # read the state, decay and update it, read the output: ~3 passes over kdim x vdim
+        per = 2 * 3 * m.linear_v_heads * m.linear_k_dim * m.linear_v_dim
+        return np.where(_b(context) > 0, per, 0.0) + _b(context) * 0
+
+    def kv_split(self, m: ModelSpec, tp: int) -> int:
+        return min(tp, m.linear_k_heads)
+
+    def _proj(self, cal: Calibration, inst: Instance, tokens: np.ndarray) -> dict[str, Priced]:
+        m, tp = inst.model, inst.tp
+        qk = m.linear_k_heads * m.linear_k_dim
+        v = m.linear_v_heads * m.linear_v_dim
+        inp = cal.gemm(tokens, (2 * qk + 2 * v + 2 * m.linear_v_heads) // tp, m.hidden,
+                       inst.weights)
+        out = cal.gemm(tokens, m.hidden, v // tp, inst.weights)
+        return {"in_proj": inp, "out_proj": out}
+
+    def decode(self, cal: Calibration, inst: Instance, queries: np.ndarray,
+               context: np.ndarray) -> dict[str, Priced]:
+        return {**self._proj(cal, inst, queries),
+                "core": cal.gdn(False, inst, queries, np.ones_like(queries))}
+
+    def prefill(self, cal: Calibration, inst: Instance, requests: np.ndarray,
+                new: np.ndarray, past: np.ndarray) -> dict[str, Priced]:
+        # The state carries the prefix: a chunk after a cached prefix costs what a fresh
+        # chunk of the same length does.
+        return {**self._proj(cal, inst, requests * new),
+                "core": cal.gdn(True, inst, requests, new)}
+
+
 KINDS: dict[str, type[AttentionKind]] = {
-    k.name: k for k in (GQA, SlidingGQA, MLA, DSA, SWA, CSA, HCA)}
+    k.name: k for k in (GQA, SlidingGQA, MLA, DSA, SWA, CSA, HCA, GatedDeltaNet)}
 """Attention kind name -> class; a ModelSpec's layers name their kind here."""
 
 DSV4_RATIOS: dict[int, str] = {0: SWA.name, 4: CSA.name, 128: HCA.name}

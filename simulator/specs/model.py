@@ -80,6 +80,21 @@ class ModelSpec(BaseModel):
     """Sparse-attention indexer key dimension, cached per (compressed) token per layer."""
     index_n_heads: int = Field(0, ge=0)
     """Sparse-attention indexer query heads (DeepSeek-V3.2: 64, GLM-5: 32)."""
+    linear_layers: int = Field(0, ge=0)
+    """Gated DeltaNet (linear-attention) layers (Qwen3.5); the rest are full attention."""
+    linear_k_heads: int = Field(0, ge=0)
+    """Linear-attention key heads."""
+    linear_k_dim: int = Field(0, ge=0)
+    """Linear-attention key head dimension."""
+    linear_v_heads: int = Field(0, ge=0)
+    """Linear-attention value heads."""
+    linear_v_dim: int = Field(0, ge=0)
+    """Linear-attention value head dimension."""
+    linear_conv_kernel: int = Field(0, ge=0)
+    """Width of the linear-attention layers' causal convolution."""
+    attn_output_gate: bool = False
+    """Full-attention layers gate their output with a second query-sized projection
+    (Qwen3.5)."""
     hc_mult: int = Field(1, ge=1)
     """V4 hyper-connections: residual streams per token (1: a plain residual)."""
     hc_sinkhorn_iters: int = Field(0, ge=0)
@@ -121,7 +136,8 @@ class ModelSpec(BaseModel):
             return tuple((k, counts[k]) for k in DSV4_RATIOS.values() if counts[k])
         if self.attention == "mla":
             return (("dsa" if self.sparse_topk else "mla", self.layers),)
-        pairs = (("gqa", self.layers - self.sliding_layers), ("swa_gqa", self.sliding_layers))
+        pairs = (("gqa", self.layers - self.sliding_layers - self.linear_layers),
+                 ("swa_gqa", self.sliding_layers), ("linear", self.linear_layers))
         return tuple((k, n) for k, n in pairs if n)
 
     def kinds(self) -> list[tuple[AttentionKind, int]]:
@@ -239,7 +255,7 @@ class ModelSpec(BaseModel):
 
     @property
     def full_attention_layers(self) -> int:
-        return self.layers - self.sliding_layers
+        return self.layers - self.sliding_layers - self.linear_layers
 
     # ---- FLOPs ------------------------------------------------------------------------------
 
@@ -343,11 +359,12 @@ def _from_deepseek_v4(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     )
 
 
-GQA_LAYER_TYPES = ("full_attention", "sliding_attention")
+GQA_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 
 
 def _from_gqa(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
-    """Dense or MoE GQA models (Llama, Qwen3, Mixtral, gpt-oss, MiniMax-M2).
+    """Dense or MoE GQA models (Llama, Qwen3, Mixtral, gpt-oss, MiniMax-M2), and Qwen3.5's mix
+    of Gated DeltaNet linear-attention layers with gated full-attention layers.
 
     MiniMax-M2 names its expert width intermediate_size (it has no dense layers) and its MTP
     modules (use_mtp) are not counted: upstream vLLM has no MiniMax-M2 MTP draft model.
@@ -365,14 +382,24 @@ def _from_gqa(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     sliding = sum(1 for t in layer_types if t == "sliding_attention") if window else 0
     if window and not layer_types and cfg.get("use_sliding_window", True):
         sliding = layers
+    linear = sum(1 for t in layer_types if t == "linear_attention")
+    gdn = ({"linear_k_heads": cfg["linear_num_key_heads"],
+            "linear_k_dim": cfg["linear_key_head_dim"],
+            "linear_v_heads": cfg["linear_num_value_heads"],
+            "linear_v_dim": cfg["linear_value_head_dim"],
+            "linear_conv_kernel": cfg["linear_conv_kernel_dim"]} if linear else {})
     return ModelSpec(
+        linear_layers=linear, **gdn, attn_output_gate=bool(cfg.get("attn_output_gate", False)),
+        mtp_layers=int(_get(cfg, "mtp_num_hidden_layers", default=0)),
         name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers,
         dense_layers=layers if not experts else mlp_only, vocab=cfg["vocab_size"],
         attention="gqa", num_attention_heads=heads,
         num_kv_heads=_get(cfg, "num_key_value_heads", default=heads),
         head_dim=_get(cfg, "head_dim", default=cfg["hidden_size"] // heads),
         sliding_window=window if sliding else 0, sliding_layers=sliding,
-        dense_intermediate=cfg["intermediate_size"], n_routed_experts=experts,
+        dense_intermediate=(cfg["intermediate_size"] if not experts or mlp_only
+                            else _get(cfg, "intermediate_size", default=0)),
+        n_routed_experts=experts,
         n_shared_experts=1 if _get(cfg, "shared_expert_intermediate_size", default=0) else 0,
         top_k=_get(cfg, "num_experts_per_tok", "experts_per_token", default=0) if experts else 0,
         moe_intermediate=(_get(cfg, "moe_intermediate_size", "intermediate_size", default=0)
@@ -410,16 +437,14 @@ BUILDERS: dict[str, Builder] = {
     "LlamaForCausalLM": _from_gqa,
     "Qwen2ForCausalLM": _from_gqa,
     "Qwen3ForCausalLM": _from_gqa,
+    "Qwen3_5MoeForConditionalGeneration": _text_model(_from_gqa),
+    "Qwen3_5ForConditionalGeneration": _text_model(_from_gqa),
 }
 """Architecture class -> builder; one table of supported architectures."""
 
-_HYBRID = ("ModelSpec has only attention layers, whose KV cache grows with the context, and no "
-           "layers with a constant-size recurrent state")
+_HYBRID = ("of the layers with a constant-size recurrent state ModelSpec describes only Gated "
+           "DeltaNet (Qwen3.5)")
 UNSUPPORTED = {
-    "Qwen3_5MoeForConditionalGeneration":
-        f"it mixes Gated DeltaNet linear-attention layers with full attention; {_HYBRID}",
-    "Qwen3_5ForConditionalGeneration":
-        f"it mixes Gated DeltaNet linear-attention layers with full attention; {_HYBRID}",
     "NemotronHForCausalLM": f"it mixes Mamba-2 layers with attention; {_HYBRID}",
 }
 """Architectures known and refused, with the reason shown to people."""

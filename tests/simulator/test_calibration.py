@@ -179,3 +179,18 @@ def test_table_preference_order_on_a_synthetic_table_set(tmp_path, monkeypatch):
     assert (source, label) == ("extrapolated", "synthetic/gemm/trtllm/2.0") and ms > 0
     table("trtllm", "3.0", "fp8", 0.05)
     assert price() == (pytest.approx(0.05), "measured", "synthetic/gemm/trtllm/3.0")  # (a)
+
+
+def test_gated_deltanet_kernels_come_back_from_their_table():
+    from simulator.cost.step import Instance
+    from tests.simulator.test_model import load_shipped
+    m = load_shipped("Qwen--Qwen3.5-35B-A3B_config.json")
+    hw = load_hardware("h200")
+    df = pd.read_parquet(aic_system_dir("h200_sxm") / "linear_attention/vllm/0.24.0/gdn_perf.parquet")
+    rows = df[(df.phase == "generation") & (df.model_name == "Qwen/Qwen3.5-35B-A3B")
+              & (df.batch_size == 64) & (df.num_k_heads == 16)]
+    want = rows.groupby("kernel_source").latency.min().sum()
+    inst = Instance(model=m, hardware=hw, role="decode", ranks=1, expert_parallel=False)
+    got = load_calibration(hw, "vllm").gdn(False, inst, np.array([64.0]), np.array([1.0]))
+    assert got.source == "measured" and "linear_attention/vllm" in got.table
+    assert got.ms[0] == pytest.approx(want)

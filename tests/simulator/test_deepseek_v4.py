@@ -158,12 +158,18 @@ def test_v4_over_memory_is_refused_with_the_numbers():
 
 MODEL_OF = {"gqa": "qwen3-235b-a22b", "swa_gqa": "gpt-oss-120b", "mla": "deepseek-v3",
             "dsa": "deepseek-v3.2", "swa": "deepseek-v4-flash", "csa": "deepseek-v4-flash",
-            "hca": "deepseek-v4-flash"}
+            "hca": "deepseek-v4-flash", "linear": "Qwen--Qwen3.5-35B-A3B_config.json"}
+
+
+def _model_of(name: str):
+    from tests.simulator.test_model import load_shipped
+    return load_shipped(MODEL_OF[name]) if MODEL_OF[name].endswith(".json") else load_model(
+        MODEL_OF[name])
 
 
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_every_kind_keeps_its_kv_and_flops_consistent(name):
-    k, m = kind(name), load_model(MODEL_OF[name])
+    k, m = kind(name), _model_of(name)
     assert k.params(m) > 0
     grow = k.kv_bytes(m, 300_000, "fp8") - k.kv_bytes(m, 200_000, "fp8")
     assert grow == pytest.approx(100_000 * k.kv_token_bytes(m, "fp8"), rel=0.01)
@@ -176,7 +182,7 @@ def test_every_kind_keeps_its_kv_and_flops_consistent(name):
 
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_every_kind_prices_decode_and_prefill(name):
-    m = load_model(MODEL_OF[name])
+    m = _model_of(name)
     hw = GB300 if m.attention == "dsv4" else load_hardware("h200")
     inst = Instance(model=m, hardware=hw, role="aggregated", ranks=1, expert_parallel=False)
     cal = load_calibration(hw, "vllm")

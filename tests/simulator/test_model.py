@@ -30,6 +30,9 @@ PUBLISHED = {
     "nvidia--DeepSeek-V3.1-NVFP4_config.json": (671.0, 37.0),
     "Qwen--Qwen3-235B-A22B-FP8_config.json": (235.0, 22.0),
     "openai--gpt-oss-120b_config.json": (116.83, 5.13),
+    "Qwen--Qwen3.5-397B-A17B_config.json": (397.0, 17.0),
+    "Qwen--Qwen3.5-122B-A10B_config.json": (122.0, None),  # "A10B" counts the embeddings
+    "Qwen--Qwen3.5-35B-A3B_config.json": (35.0, 3.0),
     "Qwen--Qwen3-32B_config.json": (32.8, None),
     "meta-llama--Meta-Llama-3.1-70B_config.json": (70.6, None),
     "meta-llama--Meta-Llama-3.1-8B_config.json": (8.03, None),
@@ -103,12 +106,17 @@ def test_sliding_window_layers_stop_growing():
     assert m.kv_bytes(64, "fp8") == 36 * per_layer * 64  # inside the window every layer grows
 
 
-def test_hybrid_linear_attention_is_refused():
-    path = CONFIGS / "Qwen--Qwen3.5-397B-A17B_config.json" if CONFIGS else None
-    if path is None or not path.is_file():
-        pytest.skip("Qwen3.5-397B-A17B config is not shipped with aiconfigurator-core")
-    with pytest.raises(SpecError, match=r"Qwen3_5MoeForConditionalGeneration.*linear-attention"):
-        load_model(str(path))
+def test_gated_deltanet_layers_keep_a_constant_state():
+    m = load_shipped("Qwen--Qwen3.5-35B-A3B_config.json")
+    assert dict(m.layer_kinds) == {"gqa": 10, "linear": 30}
+    assert m.mtp_layers == 1 and m.attn_output_gate
+    # per layer: fp32 state of 32 value heads x 128 x 128, and the bf16 window (kernel 4 - 1)
+    # of q, k (16 heads x 128 each) and v (32 x 128)
+    state = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2
+    per_token = 10 * 2 * 2 * 256 * 1  # the full-attention layers' fp8 K and V
+    assert m.kv_bytes_per_token("fp8") == per_token
+    assert m.kv_bytes(1000, "fp8") == 1000 * per_token + 30 * state
+    assert m.kv_bytes(100_000, "fp8") - m.kv_bytes(1000, "fp8") == 99_000 * per_token
 
 
 def test_unknown_architecture_names_it_and_the_supported_ones():
@@ -133,6 +141,6 @@ def test_missing_key_is_named():
 def test_unknown_layer_type_is_refused():
     cfg = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
            "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100,
-           "layer_types": ["linear_attention", "full_attention"]}
-    with pytest.raises(SpecError, match="layer types linear_attention"):
+           "layer_types": ["mamba", "full_attention"]}
+    with pytest.raises(SpecError, match="layer types mamba"):
         model_from_config("hybrid", cfg)

@@ -39,9 +39,11 @@ def test_disaggregated_row_has_both_roles(rows):
     assert case.deployment.prefill.instances == int(row.prefill_num_workers)
 
 
-def test_unmodelled_architecture_is_not_covered_with_a_reason(rows):
-    row = rows[rows.model_path == "Qwen/Qwen3.5-397B-A17B"].iloc[0]
-    with pytest.raises(SpecError, match="Qwen3_5MoeForConditionalGeneration"):
+def test_unmodelled_model_is_not_covered_with_a_reason(rows):
+    row = rows[rows.model_path == "Qwen/Qwen3.5-397B-A17B"].iloc[0].copy()
+    case_from_row(row)  # Qwen3.5's linear-attention layers are described
+    row["model_path"] = "example/Unknown-1B"
+    with pytest.raises(SpecError, match="example/Unknown-1B"):
         case_from_row(row)
     assert is_moe_model("Qwen/Qwen3.5-397B-A17B")
     assert not is_moe_model("meta-llama/Llama-3.1-70B")

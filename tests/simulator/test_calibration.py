@@ -186,7 +186,8 @@ def test_gated_deltanet_kernels_come_back_from_their_table():
     from tests.simulator.test_model import load_shipped
     m = load_shipped("Qwen--Qwen3.5-35B-A3B_config.json")
     hw = load_hardware("h200")
-    df = pd.read_parquet(aic_system_dir("h200_sxm") / "linear_attention/vllm/0.24.0/gdn_perf.parquet")
+    table = aic_system_dir("h200_sxm") / "linear_attention/vllm/0.24.0/gdn_perf.parquet"
+    df = pd.read_parquet(table)
     rows = df[(df.phase == "generation") & (df.model_name == "Qwen/Qwen3.5-35B-A3B")
               & (df.batch_size == 64) & (df.num_k_heads == 16)]
     want = rows.groupby("kernel_source").latency.min().sum()

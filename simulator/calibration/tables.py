@@ -68,7 +68,7 @@ NCCL_OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
 
 GEMM_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"], "fp4": ["nvfp4"]}
 MOE_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"],
-              "fp4": ["nvfp4", "w4a16_mxfp4"]}
+              "fp4": ["nvfp4", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"]}
 KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4"}
 DTYPE_BYTES_KV = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
 MLA_GEMM = {"bf16": "bfloat16", "fp8": "fp8_block", "fp4": "fp8_block"}

@@ -104,6 +104,9 @@ class Engine:
         self.shared.recorder.step(self.name, self.env.now, self.waiting(),
                                   int(plan.decode_requests.sum() + plan.requests.sum()),
                                   self.kv.use(), st, self.pricer.instance.ranks)
+        if self.dp > 1:
+            self.shared.recorder.dp_wait(st.breakdown["attention"], plan.decode_requests * (
+                1 + self.spec_tokens) + plan.tokens)
         return st
 
     # ---- what subclasses give ------------------------------------------------------------

@@ -81,6 +81,8 @@ class Recorder:
         """GPU-milliseconds per category (step time x ranks of the instance)."""
         self._imb_sum = 0.0
         self._imb_tokens = 0.0
+        self.dp_wait_ms = 0.0
+        """GPU-milliseconds DP ranks spent waiting in lock-step for a busier rank's attention."""
         self._itl: list[tuple[float, int]] = []
         self.steps = 0
 
@@ -90,6 +92,13 @@ class Recorder:
         self._points.setdefault(name, []).append((t, queue, batch, kv_use))
         for k, ms in st.breakdown.items():
             self.breakdown_ms[k if k in self.breakdown_ms else "other"] += float(ms) * ranks
+
+    def dp_wait(self, attention_ms: float, load: np.ndarray) -> None:
+        """A step's attention set by its busiest DP rank (`load`: tokens per rank): the ranks
+        with less work wait the difference, counted as if attention time followed the load."""
+        top = float(load.max()) if load.size else 0.0
+        if top > 0 and load.size > 1:
+            self.dp_wait_ms += attention_ms * float((top - load).sum()) / top
 
     def imbalance(self, value: float, tokens: float) -> None:
         """A step's EP imbalance, weighted by its tokens."""
@@ -158,6 +167,8 @@ class SimResult:
     """Engine steps simulated over all instances."""
     priced_steps: int = 0
     """Distinct (rounded) step signatures the cost model priced."""
+    dp_wait_ms: float = 0.0
+    """GPU-milliseconds DP ranks waited for a busier rank's attention."""
 
     @property
     def completed(self) -> int:
@@ -197,6 +208,7 @@ class SimResult:
             "step_breakdown": {k: (self.breakdown_ms[k] / busy if busy else 0.0)
                                for k in BREAKDOWN},
             "expert_imbalance": float(self.expert_imbalance),
+            "dp_imbalance": float(self.dp_wait_ms / busy) if busy else 0.0,
             "cost_per_mtok_usd": _num(cost),
             "cached_input_tokens": self.cached_input_tokens,
             "uncached_input_tokens": self.uncached_input_tokens,

@@ -315,4 +315,5 @@ class _Run:
             instances=dict(self.infos),
             steps=self.recorder.steps,
             priced_steps=sum(p.misses for p in self.pricers.values()),
+            dp_wait_ms=self.recorder.dp_wait_ms,
         )

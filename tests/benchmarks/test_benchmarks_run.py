@@ -42,9 +42,9 @@ def test_report_figures_prints_every_figure_with_its_command():
     import json
 
     rows = json.loads(run("benchmarks/report_figures.py", "--json"))["figures"]
-    assert len(rows) == 12 and all(r["command"] for r in rows)
+    assert len(rows) == 14 and all(r["command"] for r in rows)
     predicted = [r for r in rows if r["predicted"] is not None]
-    assert len(predicted) == 11  # the rack figure waits for the AgentX workload
+    assert len(predicted) == 13  # the rack figure waits for the AgentX workload
     for r in predicted:
         assert r["predicted"] > 0
         assert r["rel_error"] == (r["predicted"] - r["published"]) / r["published"]

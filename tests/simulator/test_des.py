@@ -359,3 +359,20 @@ def test_a_single_role_prefill_deck_simulates_and_a_serve_deck_is_refused():
     assert out["prefill_input_tok_s_gpu"] > 0 and out["decode_output_tok_s_gpu"] is None
     with pytest.raises(SpecError, match=r"only prefill instances.*mode prefill_only.*serve"):
         simulate(dep, bench.model_copy(update={"mode": "serve"}))
+
+
+def test_dp_imbalance_is_the_time_ranks_wait_for_a_busier_one():
+    from simulator.specs.deployment import Deployment
+    from simulator.specs.workload import ClosedArrival, FixedLength, LognormalLength, Workload
+    dep = Deployment(model="deepseek-v3", hardware="h200", prefill={"instances": 1, "dep": 8})
+
+    def run(lengths) -> float:
+        w = Workload(arrival=ClosedArrival(concurrency=8), requests=8, input_tokens=lengths,
+                     output_tokens=FixedLength(value=1), mode="prefill_only")
+        out = simulate(dep, w).metrics()
+        assert 0.0 <= out["dp_imbalance"] < 1.0
+        return out["dp_imbalance"]
+
+    even = run(FixedLength(value=4096))
+    uneven = run(LognormalLength(median=4096, sigma=1.0, max=16384))
+    assert even == pytest.approx(0.0, abs=1e-9) and uneven > 0.05

@@ -556,8 +556,8 @@ class Calibration:
         b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
                                         for v in (batch, new, past)))
         # Beyond the module table's measured contexts the layer grows by what its long-context
-        # kernels read: the module at its last measured context plus the measured growth of
-        # the indexer (CSA) or of the compressed attention (HCA) kernel from there on.
+        # kernel reads: the module at its last measured context plus the growth of the indexer
+        # (CSA) or of the compressed attention (HCA) kernel from there on.
         edge = self._edge(op, key, m, inst.kv_cache, "step" if not context else "end", b)
         inside = np.maximum(np.minimum(p + (n if context else 0), edge) - (n if context else 0),
                             0.0) if not swa else p
@@ -569,7 +569,10 @@ class Calibration:
             return got
         kernel = "dsv4_indexer" if kind.ratio == 4 else "dsv4_hca_attn"
         kn = n if context else np.ones_like(n)
-        grow = self.dsv4_growth(kernel, inst, b, kn, inside, p)
+        # the kernel's own measurements where they reach (its table spans far longer contexts
+        # than the module's), its sustained rate beyond them
+        grow = np.maximum(self.dsv4_kernel(kernel, inst, b, kn, p).ms
+                          - self.dsv4_kernel(kernel, inst, b, kn, inside).ms, 0.0)
         return Priced(got.ms + np.where(beyond, grow, 0.0), SOURCES[max(
             SOURCES.index(got.source), EXTRAPOLATED)], got.table)
 

@@ -745,10 +745,10 @@ class Calibration:
                                             "num_v_heads": vh})
 
             grid = self._grid(("gdn", kernel, m.hidden, kh, vh), "gdn", select, axes, roof_rows)
-            # each kernel's own share of the whole roofline, so that two sum to one pricing
-            share = 0.5
+            # Both kernels are normalised by the whole layer's roofline; without a table each
+            # is charged that roofline / 0.6, so the pair costs it at 30 % efficiency.
             p = self._price(grid, pts, rf.gdn(hw, b, n, kh, m.linear_k_dim, vh, m.linear_v_dim,
-                                              m.linear_conv_kernel), 0.3 / share)
+                                              m.linear_conv_kernel), 0.6)
             total = total + p.ms
             worst_code = max(worst_code, SOURCES.index(p.source))
             table = p.table

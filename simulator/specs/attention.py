@@ -421,7 +421,7 @@ class GatedDeltaNet(AttentionKind):
     def core_flops(self, m: ModelSpec, context: Any) -> Any:
         # read the state, decay and update it, read the output: ~3 passes over kdim x vdim
         per = 2 * 3 * m.linear_v_heads * m.linear_k_dim * m.linear_v_dim
-        return np.where(_b(context) > 0, per, 0.0) + _b(context) * 0
+        return np.where(_b(context) > 0, float(per), 0.0)
 
     def kv_split(self, m: ModelSpec, tp: int) -> int:
         return min(tp, m.linear_k_heads)

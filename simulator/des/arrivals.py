@@ -33,9 +33,11 @@ class Traffic:
 
     def __init__(self, env: simpy.Environment, workload: Workload, table: RequestTable,
                  submit: Callable[[int], None], rng: np.random.Generator,
-                 trace: Trace | None = None) -> None:
+                 trace: Trace | None = None, spread_s: float = 0.0) -> None:
         self.env, self.workload, self.table, self.submit = env, workload, table, submit
         self.rng, self.trace = rng, trace
+        self.spread_s = spread_s
+        """Closed loop: the users' first requests are spread evenly over this many seconds."""
         n, w = table.capacity, workload
         if trace is None:
             self.new_input = w.input_tokens.sample(rng, n)
@@ -60,8 +62,9 @@ class Traffic:
                 raise SpecError("trace arrival needs a trace")
             self.env.process(self._replay(self.trace))
         elif isinstance(a, ClosedArrival):
-            for _ in range(min(a.concurrency, self.table.capacity)):
-                self.env.process(self._user())
+            users = min(a.concurrency, self.table.capacity)
+            for i in range(users):
+                self.env.process(self._user(self.spread_s * i / users))
         else:
             units = self.table.capacity
             if self.workload.sessions is not None:
@@ -94,7 +97,9 @@ class Traffic:
                 rid = self.table.count
                 self._send(int(self.new_input[rid]), int(self.output[rid]), None)
 
-    def _user(self) -> Generator[Any, Any, None]:
+    def _user(self, delay: float = 0.0) -> Generator[Any, Any, None]:
+        if delay > 0:
+            yield self.env.timeout(delay)
         while self.remaining:
             if self.workload.sessions is not None:
                 yield from self._session()

@@ -19,7 +19,7 @@ import simpy
 
 from simulator.calibration import Calibration
 from simulator.calibration.serving import ServingOverhead
-from simulator.cost import instance_from_role
+from simulator.cost import Batch, instance_from_role, step_time
 from simulator.des.arrivals import Traffic
 from simulator.des.engines import (
     AggregatedEngine,
@@ -45,7 +45,7 @@ from simulator.resolve import resolve
 from simulator.specs.deployment import Deployment
 from simulator.specs.errors import SpecError
 from simulator.specs.model import ModelSpec
-from simulator.specs.workload import TraceArrival, Workload
+from simulator.specs.workload import ClosedArrival, TraceArrival, Workload
 
 
 @dataclass(frozen=True)
@@ -136,12 +136,32 @@ class _Run:
             for role in self.engines}
         self.network = KvNetwork(self.env, self.placement.transfer_gb_s)
         self.traffic = Traffic(self.env, workload, self.table, self.submit, traffic_rng, trace)
+        a = workload.arrival
+        if isinstance(a, ClosedArrival) and a.start == "spread":
+            self.traffic.spread_s = self._request_seconds(a.concurrency)
         self._source: dict[int, tuple[PrefillEngine, int]] = {}
         """Request id -> the prefill instance and rank holding its KV until the transfer."""
         self._done = 0
         self._reported = -1
 
     # ---- building ------------------------------------------------------------------------
+
+    def _request_seconds(self, concurrency: int) -> float:
+        """One request's predicted duration at `concurrency` (mean lengths): its prompt as one
+        prefill step on an idle rank, then its output at the decode step of a full batch."""
+        prompt = float(np.mean(self.traffic.new_input)) if len(self.traffic.new_input) else 1.0
+        output = float(np.mean(self.traffic.output)) if len(self.traffic.output) else 1.0
+        first = next(iter(self.engines))
+        last = "decode" if "decode" in self.engines else first
+        pre = self.engines[first][0].pricer.instance
+        dec = self.engines[last][0].pricer.instance
+        ranks = self.deployment.roles[last].instances * dec.dp
+        per_rank = max(concurrency / max(ranks, 1), 1.0)
+        ttft = step_time(pre, Batch.prefill(pre.dp, prompt, 1.0), self.calibration).total_ms
+        st = step_time(dec, Batch.decode(dec.dp, per_rank, prompt + output / 2),
+                       self.calibration)
+        per_token = st.total_ms * dec.dp * per_rank / max(st.tokens, 1e-9)
+        return (ttft + max(output - 1, 0.0) * per_token) / 1e3
 
     def _trace(self) -> Trace | None:
         a = self.workload.arrival

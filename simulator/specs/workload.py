@@ -25,6 +25,11 @@ class ClosedArrival(BaseModel):
     """Closed-loop arrival."""
     concurrency: int = Field(ge=1)
     """Requests in flight at all times (required)."""
+    start: Literal["burst", "spread"] = "burst"
+    """burst: every user sends its first request at once (a benchmark's first wave). spread:
+    the users' first requests are spread evenly over one request's predicted duration, the
+    phases a long benchmark's clients end up in once their timings have drifted apart, so that
+    requests do not arrive in lock-step waves (default burst)."""
 
 
 class PoissonArrival(BaseModel):

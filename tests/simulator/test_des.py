@@ -376,3 +376,22 @@ def test_dp_imbalance_is_the_time_ranks_wait_for_a_busier_one():
     even = run(FixedLength(value=4096))
     uneven = run(LognormalLength(median=4096, sigma=1.0, max=16384))
     assert even == pytest.approx(0.0, abs=1e-9) and uneven > 0.05
+
+
+def test_spread_clients_leave_the_lock_step_waves_of_a_burst():
+    from simulator.specs.deployment import Deployment
+    from simulator.specs.workload import ClosedArrival, FixedLength, Workload
+    dep = Deployment(model="deepseek-v3", hardware="h200", aggregated={"dep": 8})
+
+    def run(start: str):
+        w = Workload(arrival=ClosedArrival(concurrency=32, start=start), requests=320,
+                     input_tokens=FixedLength(value=1024), output_tokens=FixedLength(value=256))
+        return simulate(dep, w)
+
+    burst, spread = run("burst"), run("spread")
+    assert spread.completed == burst.completed == 320
+    # a burst keeps every user in one lock-step wave (all TTFTs alike, each prompt queued
+    # behind the others); spread users arrive apart and mostly find the prefill free
+    assert np.ptp(burst.ttft_s) < 1e-9 < np.ptp(spread.ttft_s)
+    assert spread.ttft_s.mean() < 0.9 * burst.ttft_s.mean()
+    assert run("spread").metrics() == spread.metrics()  # still deterministic

@@ -159,12 +159,14 @@ def render(deployment: Deployment, model_path: str | None = None, base_port: int
                 local = min(per_host, role.ranks - h * per_host)
                 argv = ["vllm", "serve", model, *flags]
                 if role.dep is not None and role.dep > 1:
+                    tp = role.attention_tp  # each DP rank is a TP group of tp GPUs
                     argv += ["--data-parallel-size", str(role.dep),
-                             "--data-parallel-size-local", str(local),
+                             "--data-parallel-size-local", str(local // tp),
                              "--data-parallel-address", head,
                              "--data-parallel-rpc-port", str(rpc)]
                     if h:
-                        argv += ["--data-parallel-start-rank", str(h * per_host), "--headless"]
+                        argv += ["--data-parallel-start-rank", str(h * per_host // tp),
+                                 "--headless"]
                 if h == 0:
                     argv += ["--port", str(port)]
                 env = {}
@@ -202,7 +204,12 @@ def check_rules(deployment: Deployment) -> None:
     problems = deployment_problems(deployment, model.architecture)
     if problems:
         raise SpecError(problems[0])
+    per_host = load_hardware(deployment.hardware).gpus_per_host
     for name, role in deployment.roles.items():
+        if role.dep and role.tp and role.tp > 1 and role.ranks > per_host and (
+                per_host % role.tp):
+            raise SpecError(f"{name}: tp={role.tp} must divide the {per_host} GPUs of a host "
+                            f"for {role.layout} to span hosts")
         if role.redundant_experts and not role.expert_parallel:
             raise SpecError(f"{name}: --enable-eplb needs --enable-expert-parallel; give dep")
         if role.all2all_backend is not None and not role.expert_parallel:

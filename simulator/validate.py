@@ -119,8 +119,6 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
         # Rows written as tp_size = TP x EP (their ids read "tp8_ep8" where tp_size is 64):
         # the instance is TP=moe_tp GPUs with its experts spread over them.
         tp = mtp
-    if dp > 1 and tp > 1:
-        raise SpecError(f"attention DP{dp} x TP{tp} layouts are not modelled")
     if instances is None or (isinstance(instances, float) and math.isnan(instances)):
         raise SpecError("P/D worker counts not recorded")
     n = int(instances)
@@ -128,9 +126,9 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
     seqs = max(1, math.ceil(concurrency / (n * ranks if dp > 1 else n)))
     common = {"instances": n, "max_num_seqs": seqs,
               "max_num_batched_tokens": int(max(8192, isl))}
-    if dp > 1:
+    if dp > 1:  # attention DP, each DP rank a TP group when tp > 1 (vLLM DP x TP x EP)
         a2a = WIDE_EP[name] if engine != "vllm" and moe else None
-        return RoleSpec(dep=dp, all2all_backend=a2a, **common)
+        return RoleSpec(dep=dp, tp=tp if tp > 1 else None, all2all_backend=a2a, **common)
     return RoleSpec(tp=tp, enable_expert_parallel=moe and ep > 1, **common)
 
 

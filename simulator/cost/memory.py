@@ -67,9 +67,10 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
         per_expert = experts_total / model.n_routed_experts
         slots = (model.n_routed_experts + role.redundant_experts) / role.ranks
         redundant = role.redundant_experts / role.ranks * per_expert
-        if role.dep is not None:  # attention data-parallel: non-expert weights replicated
-            held = replicated + slots * per_expert
-            kv_split = 1
+        if role.dep is not None:  # attention data-parallel: non-expert weights replicated over
+            # the DP ranks, split inside each one's TP group
+            held = replicated / role.attention_tp + slots * per_expert
+            kv_split = role.attention_tp
         else:  # TP attention with expert-parallel MoE
             held = replicated / role.ranks + slots * per_expert
             kv_split = role.ranks

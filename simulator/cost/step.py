@@ -36,6 +36,8 @@ class Instance:
     """GPUs of the instance."""
     expert_parallel: bool
     """DEP: attention data-parallel and MoE expert-parallel over the ranks; else TP."""
+    attn_tp: int = 1
+    """DEP layouts: GPUs of each attention DP rank (a TP group); `ranks` counts all GPUs."""
     tp_expert_parallel: bool = False
     """TP layouts only: MoE experts split over the TP ranks (vLLM --enable-expert-parallel)."""
     weights: str = "fp8"
@@ -64,11 +66,11 @@ class Instance:
 
     @property
     def tp(self) -> int:
-        return 1 if self.expert_parallel else self.ranks
+        return self.attn_tp if self.expert_parallel else self.ranks
 
     @property
     def dp(self) -> int:
-        return self.ranks if self.expert_parallel else 1
+        return self.ranks // self.attn_tp if self.expert_parallel else 1
 
     @property
     def ep(self) -> int:
@@ -102,6 +104,7 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
     return Instance(
         model=model, hardware=hardware, role=role_name, ranks=role.ranks,
         expert_parallel=role.dep is not None,
+        attn_tp=role.attention_tp if role.dep is not None else 1,
         tp_expert_parallel=role.dep is None and role.enable_expert_parallel,
         weights=weights, kv_cache=kv_cache, indexer_cache=indexer_cache,
         redundant_experts=role.redundant_experts,
@@ -370,14 +373,15 @@ def _token_exchange(inst: Instance, cal: Calibration, tokens: np.ndarray, moe_la
     m, ep = inst.model, inst.ep
     if inst.all2all.startswith("deepep"):
         low_latency = inst.all2all == "deepep_low_latency"
+        sent = tokens.max() / inst.attn_tp  # a TP group's ranks each send a share of its tokens
         for phase in ("dispatch", "combine"):
-            a2a = cal.all_to_all(tokens.max(), m.hidden, m.top_k, m.n_routed_experts, ep,
+            a2a = cal.all_to_all(sent, m.hidden, m.top_k, m.n_routed_experts, ep,
                                  phase, low_latency, inst.a2a_bandwidth)
             led.add("communication", f"all_to_all.{phase}", a2a,
                     moe_layers * float(a2a.ms.max()))
         return
     # all-gather every rank's tokens (bf16), then reduce-scatter the expert outputs back
-    gathered = ep * float(tokens.max()) * m.hidden * 2
+    gathered = inst.dp * float(tokens.max()) * m.hidden * 2
     for op, phase in (("all_gather", "dispatch"), ("reduce_scatter", "combine")):
         c = cal.collective(op, gathered, ep, inst.a2a_bandwidth)
         led.add("communication", f"all_to_all.{phase}", c, moe_layers * float(c.ms.max()))

@@ -72,9 +72,12 @@ class RoleSpec(BaseModel):
     instances: int = Field(1, ge=1)
     """Engine instances of this role (default 1)."""
     dep: int | None = Field(None, ge=1)
-    """Ranks per instance, attention data-parallel + MoE expert-parallel (DEP-N)."""
+    """Attention data-parallel ranks per instance, MoE expert-parallel over all its GPUs
+    (DEP-N); with tp, each DP rank is a TP group (vLLM --data-parallel-size dep
+    --tensor-parallel-size tp, dep x tp GPUs)."""
     tp: int | None = Field(None, ge=1)
-    """Tensor-parallel ranks per instance instead of dep (dense / TP layouts); neither: tp=1."""
+    """Tensor-parallel ranks: of the whole instance without dep (dense / TP layouts), of each
+    DP rank with dep; neither: tp=1."""
     enable_expert_parallel: bool = False
     """With tp: split MoE experts over the TP ranks instead of each expert's weights (vLLM's
     --enable-expert-parallel); dep always does (default false)."""
@@ -106,8 +109,9 @@ class RoleSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RoleSpec:
-        if self.dep is not None and self.tp is not None:
-            raise SpecError(f"dep={self.dep} and tp={self.tp} both given; give one of them")
+        if self.dep is not None and self.enable_expert_parallel:
+            raise SpecError("enable_expert_parallel applies to tp layouts; dep already splits "
+                            "the experts over every GPU of the instance")
         if self.redundant_experts > 0 and not self.expert_parallel:
             raise SpecError(
                 f"redundant_experts={self.redundant_experts} needs expert parallelism; "
@@ -121,7 +125,14 @@ class RoleSpec(BaseModel):
     @property
     def ranks(self) -> int:
         """GPUs per instance."""
-        return self.dep or self.tp or 1
+        if self.dep is not None:
+            return self.dep * (self.tp or 1)
+        return self.tp or 1
+
+    @property
+    def attention_tp(self) -> int:
+        """GPUs of one attention rank: tp inside each DP rank with dep, else the instance."""
+        return self.tp or 1
 
     @property
     def gpus(self) -> int:
@@ -135,9 +146,9 @@ class RoleSpec(BaseModel):
 
     @property
     def layout(self) -> str:
-        """Short name of one instance's layout: DEP8, TP4, TP8+EP."""
+        """Short name of one instance's layout: DEP8, DEP4xTP4, TP4, TP8+EP."""
         if self.dep is not None:
-            return f"DEP{self.dep}"
+            return f"DEP{self.dep}" + (f"xTP{self.tp}" if self.tp and self.tp > 1 else "")
         return f"TP{self.tp or 1}" + ("+EP" if self.enable_expert_parallel else "")
 
     def backend(self, role: str) -> All2AllBackend:
@@ -260,9 +271,10 @@ def _role_error(role: RoleSpec, model: ModelLike) -> str | None:
         e, n = model.n_routed_experts, role.ranks
         if (e + r) % n:
             fix = r + (-(e + r)) % n
-            size = "dep" if role.dep is not None else "tp"
+            size = (f"{role.layout} ({n} GPUs)" if role.dep and role.tp else
+                    f"dep={n}" if role.dep is not None else f"tp={n}")
             return (
-                f"{size}={n} must divide routed+redundant experts ({e}+{r}={e + r}); "
+                f"{size} must divide routed+redundant experts ({e}+{r}={e + r}); "
                 f"e.g. redundant_experts={fix} ({e + fix} = {n} x {(e + fix) // n})"
             )
     spec = role.speculative

@@ -125,3 +125,16 @@ def test_dual_batch_overlap_flags():
     assert flag(pre.argv, "--dbo-decode-token-threshold") == "32"
     with pytest.raises(ValueError, match="aggregated: dbo=true needs all2all_backend"):
         Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(dep=8, dbo=True))
+
+
+def test_attention_dp_over_tp_groups_spans_hosts_by_dp_rank():
+    d = Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(dep=4, tp=4))
+    head, other = render(d).processes
+    assert flag(head.argv, "--tensor-parallel-size") == "4"
+    assert flag(head.argv, "--data-parallel-size") == "4"
+    assert flag(head.argv, "--data-parallel-size-local") == "2"  # 8 GPUs a host / TP4
+    assert flag(other.argv, "--data-parallel-start-rank") == "2"
+    assert "--enable-expert-parallel" in head.argv
+    with pytest.raises(SpecError, match="tp=8 must divide the 4 GPUs of a host"):
+        render(Deployment(model="deepseek-v3", hardware="gb300",
+                          aggregated=RoleSpec(dep=2, tp=8)))

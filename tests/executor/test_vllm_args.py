@@ -139,3 +139,14 @@ def test_vllm_s_own_parser_accepts_dual_batch_overlap():
     result = check_with_vllm(processes)
     assert result.skipped is None, result.skipped
     assert not result.errors
+
+
+@pytest.mark.skipif(engine_python() is None, reason="no engine environment (.venv-engine)")
+def test_vllm_s_own_parser_accepts_attention_dp_over_tp_groups():
+    from executor.render import render
+    from simulator.specs.deployment import Deployment, RoleSpec
+    d = Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(dep=4, tp=4))
+    processes = [(f"{p.instance} host {p.host}", list(p.argv)) for p in render(d).processes]
+    result = check_with_vllm(processes)
+    assert result.skipped is None, result.skipped
+    assert not result.errors

@@ -162,3 +162,20 @@ def test_overlap_is_bounded_by_the_max_and_the_sum_of_compute_and_exchange(batch
     small = float((batch.decode_requests + batch.prefill_tokens).max()) <= (
         512 if role == "prefill" else 32)
     assert (dbo.total_ms == plain.total_ms) == small or dbo.total_ms == plain.total_ms
+
+
+def test_attention_dp_over_tp_groups_splits_heads_weights_and_kv():
+    from simulator.cost.memory import rank_memory
+    m, hw = load_model("deepseek-v3"), load_hardware("h200")
+    cal = load_calibration(hw, "vllm")
+    dep16 = Instance(model=m, hardware=hw, role="decode", ranks=16, expert_parallel=True)
+    dxt = Instance(model=m, hardware=hw, role="decode", ranks=16, expert_parallel=True,
+                   attn_tp=4)
+    assert (dxt.dp, dxt.tp, dxt.ep) == (4, 4, 16)
+    a = step_time(dep16, Batch.decode(16, 32, 4096), cal)
+    b = step_time(dxt, Batch.decode(4, 128, 4096), cal)  # the same 512 requests
+    assert "allreduce" in b.parts and "allreduce" not in a.parts
+    assert b.parts["attention.mla.decode.module"] < 4 * a.parts["attention.mla.decode.module"]
+    held = rank_memory(m, hw, RoleSpec(dep=4, tp=4), "fp8", "fp8").weights
+    full = rank_memory(m, hw, RoleSpec(dep=16), "fp8", "fp8").weights
+    assert held < full  # attention and shared weights split inside the TP group

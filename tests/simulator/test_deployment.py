@@ -193,9 +193,11 @@ def test_one_role_alone_is_an_isolated_bench(alone: str) -> None:
     assert load_deployment(PD).single_role is None
 
 
-def test_dep_and_tp_exclusive() -> None:
-    msg = error(with_(PD, decode={"dep": 8, "tp": 2}))
-    assert msg == "deployment: decode: dep=8 and tp=2 both given; give one of them"
+def test_dep_with_tp_is_attention_dp_over_tp_groups() -> None:
+    d = load_deployment(with_(PD, decode={"dep": 4, "tp": 4}))
+    assert (d.decode.ranks, d.decode.attention_tp, d.decode.layout) == (16, 4, "DEP4xTP4")
+    msg = error(with_(PD, decode={"dep": 8, "enable_expert_parallel": True}))
+    assert "enable_expert_parallel applies to tp layouts" in msg
 
 
 def test_redundant_experts_need_dep() -> None:

@@ -17,6 +17,7 @@ CONTRACT = {
     "prefill_input_tok_s_gpu", "decode_output_tok_s_gpu", "ttft_ms", "tpot_ms", "itl_ms",
     "tok_s_user", "step_breakdown", "expert_imbalance", "cost_per_mtok_usd",
     "cached_input_tokens", "uncached_input_tokens", "output_tokens", "kv_admission_wait_s",
+    "dp_imbalance",  # an extension of DESIGN.md's keys: GPU time lock-step DP ranks wait
 }
 
 

@@ -106,6 +106,8 @@ def role_flags(deployment: Deployment, role_name: str, role: RoleSpec,
             flags += ["--moe-backend", str(family.mega_moe)]
         else:
             flags += ["--all2all-backend", role.backend(role_name)]
+    if role.cpu_offload_gb:  # vllm/config/offload.py: UVA offload, GiB per GPU
+        flags += ["--cpu-offload-gb", f"{role.cpu_offload_gb:g}"]
     if role.dbo:  # vllm/config/parallel.py: enable_dbo and its two thresholds
         flags += ["--enable-dbo",
                   "--dbo-decode-token-threshold", str(role.dbo_decode_token_threshold),

@@ -9,6 +9,7 @@ from simulator.specs.errors import SpecError
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
 
+GIB = 1024 ** 3
 RESERVE_GB = 3.5
 """CUDA graphs, NCCL/DeepEP buffers and allocator slack per rank (vLLM's own headroom, in GB)."""
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 20
@@ -22,7 +23,10 @@ class RankMemory:
     budget: float
     """HBM x gpu_memory_utilization."""
     weights: float
-    """Weights held by this rank, redundant expert replicas included."""
+    """Weights held by this rank in HBM, redundant expert replicas included, offload taken
+    out."""
+    offloaded: float
+    """Weights this rank keeps in host memory instead (cpu_offload_gb)."""
     redundant_experts: float
     """The part of `weights` that the redundant expert replicas take."""
     activations: float
@@ -83,9 +87,11 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
              for k, n in model.kinds())
     if kv <= 0:  # every layer windowed: a pool token is one token of a window
         kv = model.kv_bytes(1, kv_cache, indexer)
+    offload = min(role.cpu_offload_gb * GIB, held)
     return RankMemory(
         budget=hardware.hbm_bytes * role.gpu_memory_utilization,
-        weights=held,
+        weights=held - offload,
+        offloaded=offload,
         redundant_experts=redundant,
         activations=float(ACTIVATION_BYTES_PER_TOKEN_HIDDEN * role.max_num_batched_tokens
                           * model.hidden),
@@ -102,14 +108,19 @@ def check_memory(name: str, model: ModelSpec, hardware: HardwareSpec, role: Role
     The KV pool must hold at least `min_kv_tokens` (default: one max_num_batched_tokens chunk).
     """
     mem = rank_memory(model, hardware, role, weights, kv_cache, indexer)
+    if role.cpu_offload_gb * GIB > hardware.host_gb * 1e9:
+        raise SpecError(f"{name}: cpu_offload_gb={role.cpu_offload_gb:g} exceeds the "
+                        f"{hardware.host_gb:.0f} GB of host memory per GPU of {hardware.name}")
     need = min_kv_tokens if min_kv_tokens is not None else role.max_num_batched_tokens
     if mem.kv_tokens < need:
         gb = 1e9
         raise SpecError(
             f"{name}: {model.name} does not fit {role.layout} on {hardware.name}: per rank "
             f"{mem.weights / gb:.1f} GB weights (incl. {mem.redundant_experts / gb:.1f} GB "
-            f"redundant experts) + {mem.activations / gb:.1f} GB activations + "
+            f"redundant experts, {mem.offloaded / gb:.1f} GB more offloaded to the host) + "
+            f"{mem.activations / gb:.1f} GB activations + "
             f"{mem.reserve / gb:.1f} GB reserve leaves {max(mem.kv_pool, 0) / gb:.1f} GB for KV "
             f"({mem.kv_tokens} tokens) of {mem.budget / gb:.1f} GB usable, but at least {need} "
-            f"tokens are needed; use a larger dep/tp, fewer redundant experts, or fp8/fp4 weights")
+            f"tokens are needed; use a larger dep/tp, fewer redundant experts, fp8/fp4 "
+            f"weights, or cpu_offload_gb")
     return mem

@@ -55,6 +55,8 @@ class Instance:
     deepep_high_throughput, or an NCCL all-gather + reduce-scatter for the others."""
     overhead_ms: float | None = None
     """Fixed per-step overhead; None: the default for the hardware kind."""
+    offload_bytes: float = 0.0
+    """Weights per GPU in host memory, read over the host link in every forward pass."""
     dbo: bool = False
     """Dual-batch overlap (vLLM --enable-dbo): steps over the thresholds run as two
     micro-batches, one's all-to-all under the other's compute."""
@@ -112,6 +114,7 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
         a2a_gb_s=a2a_gb_s,
         all2all=role.backend(role_name),
         overhead_ms=overhead_ms,
+        offload_bytes=role.cpu_offload_gb * 1024 ** 3,
         dbo=role.dbo and role.dep is not None,
         dbo_thresholds=(role.dbo_decode_token_threshold, role.dbo_prefill_token_threshold),
         mega_moe=uses_mega_moe(model.architecture, hardware.name, role, weights))
@@ -349,6 +352,11 @@ def _step(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
         led.add("other", "mtp_draft", None, draft_frac * layer_work + spec * float(head.ms.max()))
         led.provenance["mtp_draft"] = led.provenance.get("routed_experts",
                                                          led.provenance["lm_head"])
+    if inst.offload_bytes > 0:  # zero-copy reads of the offloaded weights, every forward pass
+        ms = inst.offload_bytes / (inst.hardware.host_link_gb_s * 1e9) * 1e3
+        led.add("other", "weight_offload", None, ms)
+        led.provenance["weight_offload"] = (
+            f"roofline (offloaded bytes over the {inst.hardware.host_link_gb_s:g} GB/s host link)")
     led.add("other", "overhead", None, inst.step_overhead_ms)
     led.provenance["overhead"] = "measured (fixed)" if inst.overhead_ms is not None else (
         f"roofline (assumed fixed {inst.step_overhead_ms} ms per step)")

@@ -106,6 +106,9 @@ class RoleSpec(BaseModel):
     default 512)."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """Share of GPU memory the engine may use, in (0, 1] (default 0.9)."""
+    cpu_offload_gb: float = Field(0.0, ge=0)
+    """GiB of weights per GPU kept in host memory and read over the host link in every forward
+    pass (vLLM --cpu-offload-gb, zero-copy; fast on GB200/GB300's NVLink-C2C) (default 0)."""
 
     @model_validator(mode="after")
     def _check(self) -> RoleSpec:

@@ -37,6 +37,13 @@ class HardwareSpec(BaseModel):
     """Scale-up bandwidth per GPU, one direction, GB/s."""
     nic_gb_s: float = Field(gt=0)
     """Scale-out bandwidth per GPU, one direction, GB/s."""
+    host_link_gb_s: float = Field(64.0, gt=0)
+    """GPU <-> host-memory bandwidth per GPU, one direction, GB/s: PCIe Gen5 x16 on HGX
+    (64), Gen6 x16 on B300 (128), NVLink-C2C to the Grace CPU on GB200/GB300 (450; 900 both
+    directions)."""
+    host_gb: float = Field(256.0, ge=0)
+    """Host memory per GPU that weights may be offloaded to, GB (a typical 2 TB HGX host over 8
+    GPUs; Grace's 480 GB LPDDR5X over the 2 GPUs it serves on GB200/GB300)."""
     usd_per_gpu_hour: float = Field(ge=0)
     """Price per GPU-hour used for $ per million tokens (a default to override)."""
 
@@ -73,22 +80,22 @@ HARDWARE: dict[str, HardwareSpec] = {
         HardwareSpec(name="b300", system="b300_sxm",
                      peak_tflops={"bf16": 2250, "fp8": 4500, "fp4": 14000},
                      hbm_gb=288.4, hbm_tb_s=7.75, scaleup_domain=8, scaleup_gb_s=900,
-                     nic_gb_s=100, usd_per_gpu_hour=6.0),
+                     nic_gb_s=100, host_link_gb_s=128.0, usd_per_gpu_hour=6.0),
         HardwareSpec(name="gb200", system="gb200",
                      peak_tflops={"bf16": 2500, "fp8": 5000, "fp4": 10000},
                      hbm_gb=198.7, hbm_tb_s=8.0, scaleup_domain=72, gpus_per_host=4,
-                     scaleup_gb_s=900,
+                     scaleup_gb_s=900, host_link_gb_s=450.0, host_gb=240.0,
                      nic_gb_s=100, usd_per_gpu_hour=6.0),
         HardwareSpec(name="gb300", system="gb300",
                      peak_tflops={"bf16": 2500, "fp8": 5000, "fp4": 15000},
                      hbm_gb=298.0, hbm_tb_s=8.0, scaleup_domain=72, gpus_per_host=4,
-                     scaleup_gb_s=900,
+                     scaleup_gb_s=900, host_link_gb_s=450.0, host_gb=240.0,
                      nic_gb_s=100, usd_per_gpu_hour=7.0),
         # This project's CPU machine kind (2 cores with AMX): a rough placeholder until
         # `rackplan calibrate --device cpu` measures it.
         HardwareSpec(name="cpu", system=None, peak_tflops={"bf16": 1.0},
                      hbm_gb=24.0, hbm_tb_s=0.02, scaleup_domain=1, gpus_per_host=1,
-                     scaleup_gb_s=10,
+                     scaleup_gb_s=10, host_gb=0.0,
                      nic_gb_s=1.25, usd_per_gpu_hour=0.1),
     ]
 }

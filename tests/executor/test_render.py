@@ -138,3 +138,11 @@ def test_attention_dp_over_tp_groups_spans_hosts_by_dp_rank():
     with pytest.raises(SpecError, match="tp=8 must divide the 4 GPUs of a host"):
         render(Deployment(model="deepseek-v3", hardware="gb300",
                           aggregated=RoleSpec(dep=2, tp=8)))
+
+
+def test_cpu_offload_flag():
+    d = Deployment(model="deepseek-v3", hardware="gb300",
+                   prefill=RoleSpec(dep=8), decode=RoleSpec(dep=8, cpu_offload_gb=12.5))
+    procs = render(d).processes
+    assert "--cpu-offload-gb" not in procs[0].argv
+    assert flag(procs[-1].argv, "--cpu-offload-gb") == "12.5"

@@ -21,3 +21,27 @@ def test_a_rank_without_speculative_decoding_holds_no_mtp_layer():
     experts = mtp * R1.n_routed_experts * R1.expert_params() / R1.params()["mtp"]
     assert extra == pytest.approx(mtp - experts + experts / 16)
     assert 0 < extra < mtp
+
+
+def test_weights_offloaded_to_the_host_fit_a_layout_and_cost_their_reads():
+    from simulator.calibration import load_calibration
+    from simulator.cost.memory import check_memory
+    from simulator.cost.step import Batch, Instance, step_time
+    from simulator.specs.errors import SpecError
+    gb300 = load_hardware("gb300")
+    role = RoleSpec(dep=4)
+    with pytest.raises(SpecError, match="does not fit DEP4 on gb300") as e:
+        check_memory("decode", R1, gb300, role, "bf16", "fp8")
+    assert "0.0 GB more offloaded to the host" in str(e.value)
+    offloaded = RoleSpec(dep=4, cpu_offload_gb=200)
+    mem = check_memory("decode", R1, gb300, offloaded, "bf16", "fp8")
+    assert mem.offloaded == pytest.approx(200 * 1024 ** 3)
+    with pytest.raises(SpecError, match="cpu_offload_gb=300 exceeds the 240 GB of host memory"):
+        check_memory("decode", R1, gb300, RoleSpec(dep=4, cpu_offload_gb=300), "bf16", "fp8")
+    cal = load_calibration(gb300, "vllm")
+    base = Instance(model=R1, hardware=gb300, role="decode", ranks=4, expert_parallel=True)
+    off = Instance(model=R1, hardware=gb300, role="decode", ranks=4, expert_parallel=True,
+                   offload_bytes=200 * 1024 ** 3)
+    extra = (step_time(off, Batch.decode(4, 8, 1024), cal).total_ms
+             - step_time(base, Batch.decode(4, 8, 1024), cal).total_ms)
+    assert extra == pytest.approx(200 * 1024 ** 3 / 450e9 * 1e3)  # over NVLink-C2C

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simulator.calibration import load_calibration  # noqa: E402
-from simulator.calibration.tables import a2a_rate  # noqa: E402
 from simulator.specs.hardware import load_hardware  # noqa: E402
+from simulator.specs.topology import all_to_all_rate  # noqa: E402
 
 DATA = ROOT / "simulator/calibration/data/deepep_published.csv"
 EXPERTS = 256
@@ -43,7 +43,7 @@ def main() -> int:
         ep, tokens, hidden, topk = (int(r[k]) for k in ("ep", "tokens_per_rank", "hidden",
                                                          "topk"))
         low = r["kernel"] == "low_latency"
-        rate = float(a2a_rate(ep, per, hw.scaleup_gb_s, hw.nic_gb_s))
+        rate = float(all_to_all_rate(ep, min(ep, per), hw.scaleup_gb_s, hw.nic_gb_s))
         got = cal.all_to_all(tokens, hidden, topk, EXPERTS, ep, r["phase"], low, rate)
         ms = float(got.ms[0])
         if low:

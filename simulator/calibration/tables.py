@@ -20,10 +20,11 @@ import pandas as pd
 
 from simulator.calibration import roofline as rf
 from simulator.calibration.grid import EXTRAPOLATED, ROOFLINE, SOURCES, Grid, worst
-from simulator.specs.attention import INDEXER_KEY_BYTES
+from simulator.specs.attention import DSV4_ENTRY_BYTES, INDEXER_KEY_BYTES
 from simulator.specs.attention import kind as kind_of
 from simulator.specs.errors import SpecError
-from simulator.specs.hardware import HardwareSpec
+from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec
+from simulator.specs.topology import all_to_all_rate
 
 if TYPE_CHECKING:
     from simulator.cost.step import Instance
@@ -70,7 +71,6 @@ GEMM_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"], "fp4": ["nvfp4
 MOE_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"],
               "fp4": ["nvfp4", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"]}
 KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4"}
-DTYPE_BYTES_KV = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
 MLA_GEMM = {"bf16": "bfloat16", "fp8": "fp8_block", "fp4": "fp8_block"}
 FALLBACK = {"fp4": "fp8", "fp8": "bf16"}
 """When no row has a dtype, price with the next dtype's efficiency (flagged extrapolated)."""
@@ -112,17 +112,6 @@ MEASURED_HIDDEN = {"DeepSeek-V3.2": 7168, "GLM-5": 6144, "DeepSeek-V4-Flash-FP8"
 pick a model's own rows where a table spans several."""
 
 
-def a2a_rate(ep: Any, per_domain: int, scaleup_gb_s: float, nic_gb_s: float) -> np.ndarray:
-    """Per-GPU all-to-all rate (GB/s) of `ep` ranks filling domains of `per_domain` GPUs:
-    bytes to peers inside the domain go over NVLink, the rest over the NIC, both at once
-    (the topology's rule, for table rows that name only their EP size)."""
-    n = np.asarray(ep, dtype=float)
-    inside = np.minimum(n, per_domain) - 1
-    outside = n - inside - 1
-    t = np.maximum(inside / scaleup_gb_s, outside / nic_gb_s)
-    return np.where(t > 0, (n - 1) / np.where(t > 0, t, 1.0), scaleup_gb_s)
-
-
 def _measured_kv(kv_dtype: str) -> tuple[str, int]:
     """The KV dtype whose rows price `kv_dtype`: itself, or fp8 for fp4 KV (no GQA/MLA table
     measures an fp4 cache; the roofline carries the smaller reads), flagged extrapolated."""
@@ -155,6 +144,11 @@ class Calibration:
     _frames: dict[str, tuple[pd.DataFrame, str] | None] = field(default_factory=dict, repr=False)
     _grids: dict[tuple[Any, ...], tuple[Grid, int, str] | None] = field(
         default_factory=dict, repr=False)
+    _rates: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
+    """Sustained rate (roofline / measured) of a long-context kernel's table."""
+    _edges: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray] | None] = field(
+        default_factory=dict, repr=False)
+    """Longest measured context per batch size of a module table (None: no table)."""
 
     # ---- table discovery ---------------------------------------------------------------------
 
@@ -585,7 +579,7 @@ class Calibration:
         launches dominated by fixed costs."""
         roof, _ = self._dsv4_kernel_roof(op, inst)
         key = (op, "rate", inst.model.architecture, inst.kv_cache, inst.indexer_cache)
-        if key not in self._grids:
+        if key not in self._rates:
             got = self.frame(op)
             rate = 0.5
             if got is not None:
@@ -593,8 +587,8 @@ class Calibration:
                 r = roof(rows.batch_size, rows.isl, rows.step, rows.num_heads.to_numpy())
                 big = r >= 0.1 * r.max()
                 rate = float(np.quantile(r[big] / rows.latency.to_numpy(float)[big], 0.9))
-            self._grids[key] = rate  # type: ignore[assignment]
-        rate = float(self._grids[key])  # type: ignore[arg-type]
+            self._rates[key] = rate
+        rate = self._rates[key]
         heads = max(inst.model.num_attention_heads // inst.tp, 1)
         return np.maximum(roof(batch, new, stop, heads) - roof(batch, new, start, heads),
                           0.0) / rate
@@ -602,7 +596,7 @@ class Calibration:
     def _dsv4_kernel_roof(self, op: str, inst: Instance
                           ) -> tuple[Callable[[Any, Any, Any, Any], np.ndarray], tuple[Any, ...]]:
         m = inst.model
-        entry = kind_of("hca").entry_bytes(m, inst.kv_cache)  # type: ignore[attr-defined]
+        entry = DSV4_ENTRY_BYTES[inst.kv_cache](m.head_dim, m.qk_rope_head_dim)
         idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
         hw = self.hardware
 
@@ -625,22 +619,22 @@ class Calibration:
               batch: np.ndarray) -> np.ndarray:
         """The longest context a module table measured at each queried batch (that of the
         nearest measured batch at or above it); inf when no table ships."""
-        ek = (*key, "edge", axis)
-        if ek not in self._grids:
+        ek = (*key, axis)
+        if ek not in self._edges:
             got = self.frame(op)
             if got is None:
-                self._grids[ek] = None
+                self._edges[ek] = None
             else:
                 rows, _ = self._module_rows(got[0], m, kv_dtype, "fp8_block")
                 rows = rows.assign(end=rows.step + rows.isl)
                 most = rows.groupby("batch_size")[axis].max()
-                self._grids[ek] = (most.index.to_numpy(float), most.to_numpy(float))  # type: ignore[assignment]
-        found = self._grids[ek]
+                self._edges[ek] = (most.index.to_numpy(float), most.to_numpy(float))
+        found = self._edges[ek]
         if found is None:
             return np.full_like(batch, np.inf)
-        levels, longest = found  # type: ignore[misc]
+        levels, longest = found
         i = np.clip(np.searchsorted(levels, batch), 0, len(levels) - 1)
-        return np.asarray(longest)[i]
+        return longest[i]
 
     def dsv4_kernel(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,
                     past: np.ndarray) -> Priced:
@@ -675,7 +669,7 @@ class Calibration:
                                             m.head_dim - m.qk_rope_head_dim, m.qk_rope_head_dim,
                                             m.v_head_dim)
         indexer = params_all - shared - m.num_attention_heads * per_head
-        lat = (m.kv_lora_rank + m.qk_rope_head_dim) * DTYPE_BYTES_KV[inst.kv_cache]
+        lat = (m.kv_lora_rank + m.qk_rope_head_dim) * DTYPE_BYTES[inst.kv_cache]
         idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
         hw = self.hardware
         weights = "bf16" if inst.weights == "bf16" else "fp8"
@@ -841,8 +835,8 @@ class Calibration:
         hw = self.hardware
 
         def roof(r: pd.DataFrame) -> np.ndarray:
-            n = r.ep_size.to_numpy(float)
-            rate = a2a_rate(n, per, hw.scaleup_gb_s, hw.nic_gb_s)
+            n = r.ep_size.to_numpy(float)  # ranks filling hosts of `per` GPUs
+            rate = all_to_all_rate(n, np.minimum(n, per), hw.scaleup_gb_s, hw.nic_gb_s)
             sent = r.num_tokens.to_numpy(float) * r.topk.to_numpy(float) * r.hidden_size.to_numpy(
                 float) * elem * (n - 1) / n
             return rf.transfer(sent, rate)

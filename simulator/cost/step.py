@@ -206,24 +206,24 @@ def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ct
     m = inst.model
     out = np.zeros_like(decode_b)
     dec, pre = decode_b > 0, pre_tok > 0
+
+    def book(kind: str, phase: str, ranks: np.ndarray, layers: int,
+             parts: dict[str, Priced]) -> None:
+        for name, p in parts.items():
+            ms = layers * p.ms
+            out[ranks] += ms
+            key = f"attention.{kind}.{phase}.{name}"
+            led.parts[key] = led.parts.get(key, 0.0) + float(ms.max())
+            led.provenance[key] = f"{p.source} ({p.table})"
+
     for kind, layers in m.kinds():
         if dec.any():
-            parts = kind.decode(cal, inst, decode_b[dec] * (1 + inst.spec_tokens), decode_ctx[dec])
-            for name, p in parts.items():
-                ms = layers * p.ms
-                out[dec] += ms
-                led.parts[f"attention.{kind.name}.decode.{name}"] = (
-                    led.parts.get(f"attention.{kind.name}.decode.{name}", 0.0) + float(ms.max()))
-                led.provenance[f"attention.{kind.name}.decode.{name}"] = f"{p.source} ({p.table})"
+            book(kind.name, "decode", dec, layers, kind.decode(
+                cal, inst, decode_b[dec] * (1 + inst.spec_tokens), decode_ctx[dec]))
         if pre.any():
             isl = pre_tok[pre] / np.maximum(pre_req[pre], 1)
-            parts = kind.prefill(cal, inst, pre_req[pre], isl, pre_ctx[pre])
-            for name, p in parts.items():
-                ms = layers * p.ms
-                out[pre] += ms
-                key = f"attention.{kind.name}.prefill.{name}"
-                led.parts[key] = led.parts.get(key, 0.0) + float(ms.max())
-                led.provenance[key] = f"{p.source} ({p.table})"
+            book(kind.name, "prefill", pre, layers,
+                 kind.prefill(cal, inst, pre_req[pre], isl, pre_ctx[pre]))
     return out
 
 
@@ -318,14 +318,11 @@ def _step(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
         led.add("moe", "router", router, gated * float(router.ms.max()))
         expert_dtype = m.expert_weights(inst.weights)
         group_tokens = received.max() * ep / m.top_k  # a balanced group loading every rank so
-        experts: Priced | None
         if dp > 1 and inst.mega_moe:  # one fused kernel: its exchange is inside
-            fused = cal.mega_moe(group_tokens / ep, m.hidden, m.moe_intermediate, m.top_k,
-                                 m.n_routed_experts, ep, expert_dtype,
-                                 bool(dec_b.sum() > 0 and pre_tok.sum() == 0),
-                                 inst.a2a_bandwidth)
-            led.add("moe", "routed_experts", fused, moe_layers * float(fused.ms.max()))
-            experts = None
+            experts = cal.mega_moe(group_tokens / ep, m.hidden, m.moe_intermediate, m.top_k,
+                                   m.n_routed_experts, ep, expert_dtype,
+                                   bool(dec_b.sum() > 0 and pre_tok.sum() == 0),
+                                   inst.a2a_bandwidth)
         elif dp > 1 and inst.all2all.startswith("deepep"):  # wide EP: only routed tokens arrive
             experts = cal.moe_wideep(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
                                      m.n_routed_experts, ep, expert_dtype,
@@ -333,10 +330,9 @@ def _step(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
         else:  # every rank sees every token (TP, or all-gather EP)
             experts = cal.moe(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
                               m.n_routed_experts, ep, expert_dtype, tp=inst.moe_tp)
-        if experts is not None:
-            led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
-        if ep > 1 and dp > 1 and experts is not None:  # DP ranks exchange tokens; a TP group
-            # already holds them all
+        led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
+        if ep > 1 and dp > 1 and not inst.mega_moe:  # DP ranks exchange tokens; a TP group
+            # already holds them all, and MegaMoE exchanges them inside its kernel
             _token_exchange(inst, cal, tokens, moe_layers, led)
     if inst.tp > 1:
         ar = cal.allreduce(tokens.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)

@@ -153,10 +153,6 @@ class ModelSpec(BaseModel):
 
     # ---- parameters -------------------------------------------------------------------------
 
-    def attention_params(self) -> float:
-        """Projection weights of one attention block, averaged over the decoder layers."""
-        return sum(k.params(self) * n for k, n in self.kinds()) / self.layers
-
     def expert_params(self) -> int:
         """Weights of one routed expert (gate, up, down)."""
         return 3 * self.hidden * self.moe_intermediate
@@ -249,8 +245,11 @@ class ModelSpec(BaseModel):
         per = self.kv_bytes_per_token(kv_dtype, indexer)
         if not self.kv_fixed_bytes(kv_dtype, indexer) or per <= 0:
             return float
+        kinds = self.kinds()  # once, not on every admission
+
         def cost(context: float) -> float:
-            return self.kv_bytes(context, kv_dtype, indexer) / per
+            return float(sum(k.kv_bytes(self, context, kv_dtype, indexer) * n
+                             for k, n in kinds)) / per
         return cost
 
     @property

@@ -18,6 +18,7 @@ from functools import cached_property
 from itertools import pairwise
 
 import networkx as nx
+import numpy as np
 
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import HardwareSpec
@@ -68,6 +69,18 @@ def cluster_description(hardware: HardwareSpec, gpus: int) -> str:
     if rest:
         parts.append(f"1 x {kind if full else unit} using {rest} of {size} GPUs")
     return f"{' + '.join(parts)} ({_plural(gpus, 'GPU')})"
+
+
+def all_to_all_rate(ranks: int | np.ndarray, in_domain: int | np.ndarray,
+                    scaleup_gb_s: float, scaleout_gb_s: float) -> np.ndarray:
+    """Per-GPU all-to-all rate (GB/s) of a rank among `ranks`, `in_domain` of them (itself
+    included) in its NVLink domain: bytes to its domain peers go over NVLink, to the others over
+    its NIC, both at once, so one byte to every peer takes max(peers in / scale-up, peers out /
+    scale-out); the rate is peers over that time (the scale-up rate when it has no peer)."""
+    n = np.asarray(ranks, dtype=float)
+    inside = np.minimum(np.asarray(in_domain, dtype=float), n)
+    t = np.maximum((inside - 1) / scaleup_gb_s, (n - inside) / scaleout_gb_s)
+    return np.where(t > 0, (n - 1) / np.where(t > 0, t, 1.0), scaleup_gb_s)
 
 
 @dataclass(frozen=True)
@@ -282,12 +295,9 @@ class Placement:
         for g in ranks:
             d = topo.domain_of(g)
             per_domain[d] = per_domain.get(d, 0) + 1
-        slowest = 0.0
-        for g in ranks:
-            in_domain = per_domain[topo.domain_of(g)]
-            slowest = max(slowest, (in_domain - 1) / topo.scaleup_gb_s(g),
-                          (len(ranks) - in_domain) / topo.scaleout_gb_s(g))
-        return (len(ranks) - 1) / slowest
+        return min(float(all_to_all_rate(len(ranks), per_domain[topo.domain_of(g)],
+                                         topo.scaleup_gb_s(g), topo.scaleout_gb_s(g)))
+                   for g in ranks)
 
     def transfer_gb_s(self, src: str, dst: str, concurrent: int = 1) -> float:
         """GB/s (one direction) one KV transfer gets from instance `src` to instance `dst`.

@@ -136,14 +136,14 @@ def test_a_shape_the_newest_table_lacks_is_priced_from_an_older_version_that_mea
 
 
 def test_wide_ep_all_to_all_comes_from_the_multi_node_measurement():
-    from simulator.calibration.tables import a2a_rate
+    from simulator.specs.topology import all_to_all_rate
     hw = load_hardware("h200")
     cal = load_calibration(hw, "vllm")
     path = aic_system_dir("h200_sxm") / "comm/sglang/0.5.6.post2/wideep_deepep_ll_perf.parquet"
     df = pd.read_parquet(path)
     row = df[(df.node_num == 8) & (df.num_token == 128) & (df.hidden_size == 7168)
              & (df.num_experts == 256)].iloc[0]
-    rate = float(a2a_rate(64, 8, hw.scaleup_gb_s, hw.nic_gb_s))
+    rate = float(all_to_all_rate(64, 8, hw.scaleup_gb_s, hw.nic_gb_s))
     got = cal.all_to_all(128, 7168, 8, 256, 64, "dispatch", True, rate)
     assert got.source == "measured" and "wideep_deepep_ll" in got.table
     assert got.ms[0] == pytest.approx(row.dispatch_avg_t_us * 1e-3)

@@ -143,12 +143,12 @@ def test_wide_ep_prices_experts_from_the_deepep_table(cal):
 def test_overlap_is_bounded_by_the_max_and_the_sum_of_compute_and_exchange(batch):
     from dataclasses import replace
 
-    from simulator.calibration.tables import a2a_rate
+    from simulator.specs.topology import all_to_all_rate
     m, hw = load_model("deepseek-v3"), load_hardware("h100")
     cal = load_calibration(hw, "vllm")
     role = "prefill" if batch.prefill_tokens.sum() else "decode"
     base = Instance(model=m, hardware=hw, role=role, ranks=32, expert_parallel=True,
-                    a2a_gb_s=float(a2a_rate(32, 8, hw.scaleup_gb_s, hw.nic_gb_s)),
+                    a2a_gb_s=float(all_to_all_rate(32, 8, hw.scaleup_gb_s, hw.nic_gb_s)),
                     all2all="deepep_high_throughput" if role == "prefill" else
                     "deepep_low_latency")
     plain = step_time(base, batch, cal)

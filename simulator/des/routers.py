@@ -57,5 +57,7 @@ ROUTERS: dict[str, type[Router]] = {
     "least_tokens": LeastTokens,
     "least_requests": LeastRequests,
     "round_robin": RoundRobin,
+    "prefix_aware": LeastTokens,
+    "session_affinity": LeastTokens,
 }
 """RoleSpec.router_policy(role) -> router class."""

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import Dtype
+from simulator.specs.routing import DEFAULT_ROUTER, RouterPolicy
 
 _SPEC = ConfigDict(frozen=True, extra="forbid")
 
@@ -20,7 +21,6 @@ All2AllBackend = Literal[
     "allgather_reducescatter",
     "flashinfer_all2allv",
 ]
-RouterPolicy = Literal["least_tokens", "least_requests", "round_robin"]
 
 DEFAULT_BACKEND: dict[str, All2AllBackend] = {
     "prefill": "deepep_high_throughput",
@@ -29,12 +29,6 @@ DEFAULT_BACKEND: dict[str, All2AllBackend] = {
 }
 DBO_BACKENDS = ("deepep_low_latency", "deepep_high_throughput")
 """All-to-all backends vLLM's dual-batch overlap (micro-batching) runs with."""
-
-DEFAULT_ROUTER: dict[str, RouterPolicy] = {
-    "prefill": "least_tokens",
-    "decode": "least_requests",
-    "aggregated": "least_requests",
-}
 
 
 class Precision(BaseModel):
@@ -93,8 +87,9 @@ class RoleSpec(BaseModel):
     """MoE all-to-all backend; null: deepep_high_throughput for prefill, deepep_low_latency for
     decode, allgather_reducescatter for aggregated."""
     router: RouterPolicy | None = None
-    """How requests pick an instance/rank; null: least_tokens for prefill, least_requests
-    otherwise."""
+    """How requests pick an instance or DP rank (simulator.specs.routing's table, shared with
+    the deployed proxy); null: prefix_aware for prefill and aggregated, least_requests for
+    decode."""
     dbo: bool = False
     """Dual-batch overlap: split a step into two micro-batches so that one's MoE all-to-all
     runs under the other's compute (vLLM --enable-dbo; off by default, as in vLLM)."""

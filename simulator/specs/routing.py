@@ -1,0 +1,134 @@
+"""Router policies: one table, used by the simulator's routers and by the deployed P/D proxy.
+
+A router sees, for every place a request could go (an instance, or one DP rank of one), a
+`Candidate`: the work queued there and, for this request, how much of its prompt that place
+already holds in its prefix cache. A policy turns candidates into a choice; what is simulated is
+what the proxy runs. Units are the router's own: the simulator counts tokens, the proxy counts
+what it can see of a prompt (characters of its text); a policy only compares candidates.
+
+| policy             | picks                                                                    |
+|--------------------|--------------------------------------------------------------------------|
+| `prefix_aware`     | least (prompt not cached there + prompt work queued there): Dynamo's KV  |
+|                    | router cost and llm-d's precise-prefix-cache scorer with a load scorer   |
+| `session_affinity` | where the request's session went before, while it is known; else as     |
+|                    | `prefix_aware` (and the session is pinned there)                        |
+| `least_tokens`     | least prompt work queued                                                 |
+| `least_requests`   | fewest requests in flight (per DP rank: the report's decode choice)      |
+| `round_robin`      | each candidate in turn (a baseline)                                      |
+
+Ties go to the candidate listed first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+RouterPolicy = Literal["prefix_aware", "session_affinity", "least_tokens", "least_requests",
+                       "round_robin"]
+"""Names a RoleSpec's `router` may take."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One place a request could be routed to, as a router sees it at that moment."""
+
+    queued_tokens: float = 0.0
+    """Prompt work waiting or running there (tokens still to prefill, in the router's units)."""
+    requests: float = 0.0
+    """Requests in flight there."""
+    cached_tokens: float = 0.0
+    """Of this request's prompt, how much that place holds in its prefix cache."""
+    prompt_tokens: float = 0.0
+    """The request's prompt length (same units as cached_tokens)."""
+
+    @property
+    def new_tokens(self) -> float:
+        """Prompt this place would have to compute."""
+        return max(self.prompt_tokens - self.cached_tokens, 0.0)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One row of the table."""
+
+    name: str
+    summary: str
+    cost: Callable[[Candidate], tuple[float, ...]] | None
+    """Lexicographic cost of a candidate (least wins); None for round-robin."""
+    uses_prefix: bool = False
+    """Needs each candidate's cached_tokens for the request (a prefix index)."""
+    sticky: bool = False
+    """Pins a session to the candidate it first went to."""
+
+
+def _prefix_cost(c: Candidate) -> tuple[float, ...]:
+    return (c.new_tokens + c.queued_tokens, c.requests)
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("prefix_aware", "least (uncached prompt + queued prompt work)", _prefix_cost,
+           uses_prefix=True),
+    Policy("session_affinity", "the session's previous place, else prefix_aware",
+           _prefix_cost, uses_prefix=True, sticky=True),
+    Policy("least_tokens", "least queued prompt work",
+           lambda c: (c.queued_tokens, c.requests)),
+    Policy("least_requests", "fewest requests in flight",
+           lambda c: (c.requests, c.queued_tokens)),
+    Policy("round_robin", "each in turn", None),
+)}
+"""Policy name -> row; the keys are exactly RouterPolicy's names."""
+assert set(POLICIES) == set(get_args(RouterPolicy))
+
+DEFAULT_ROUTER: dict[str, RouterPolicy] = {
+    "prefill": "prefix_aware",
+    "decode": "least_requests",
+    "aggregated": "prefix_aware",
+}
+"""Policy of each role when the deployment names none."""
+
+SESSION_MEMORY = 65536
+"""Sessions a sticky router remembers (least recently routed forgotten first), so that a
+long-running proxy's memory stays bounded."""
+
+
+class Router:
+    """A policy with its state (round-robin position, session pins)."""
+
+    def __init__(self, policy: str) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"router policy {policy!r} is not one of "
+                             f"{', '.join(POLICIES)}")
+        self.policy = POLICIES[policy]
+        self._next = 0
+        self._pins: OrderedDict[Hashable, int] = OrderedDict()
+
+    def pick(self, candidates: Sequence[Candidate], session: Hashable | None = None) -> int:
+        """Index of the chosen candidate."""
+        n = len(candidates)
+        if n == 0:
+            raise ValueError("a router needs at least one candidate")
+        p = self.policy
+        if p.sticky and session is not None:
+            held = self._pins.get(session)
+            if held is not None and held < n:
+                self._pins.move_to_end(session)
+                return held
+        if p.cost is None:
+            i = self._next % n
+            self._next += 1
+        else:
+            costs = [p.cost(c) for c in candidates]
+            i = costs.index(min(costs))
+        if p.sticky and session is not None:
+            self._pins[session] = i
+            self._pins.move_to_end(session)
+            while len(self._pins) > SESSION_MEMORY:
+                self._pins.popitem(last=False)
+        return i
+
+    def forget(self, session: Hashable) -> None:
+        """A session ended: drop its pin."""
+        self._pins.pop(session, None)

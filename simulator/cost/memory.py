@@ -108,8 +108,10 @@ def check_memory(name: str, model: ModelSpec, hardware: HardwareSpec, role: Role
     The KV pool must hold at least `min_kv_tokens` (default: one max_num_batched_tokens chunk).
     """
     mem = rank_memory(model, hardware, role, weights, kv_cache, indexer)
-    if role.cpu_offload_gb * GIB > hardware.host_gb * 1e9:
-        raise SpecError(f"{name}: cpu_offload_gb={role.cpu_offload_gb:g} exceeds the "
+    host = (role.cpu_offload_gb + role.host_cache_gb) * GIB
+    if host > hardware.host_gb * 1e9:
+        raise SpecError(f"{name}: cpu_offload_gb={role.cpu_offload_gb:g} plus "
+                        f"host_cache_gb={role.host_cache_gb:g} GiB exceed the "
                         f"{hardware.host_gb:.0f} GB of host memory per GPU of {hardware.name}")
     need = min_kv_tokens if min_kv_tokens is not None else role.max_num_batched_tokens
     if mem.kv_tokens < need:

@@ -3,7 +3,8 @@
 - poisson / bursty: open loop, gaps from the arrival spec;
 - closed: `concurrency` users, each sending its next request (or session) when the last ends;
 - trace: rows of a trace file at their timestamps (times `time_scale`), lengths and prefix
-  block ids from the file.
+  block ids from the file;
+- sessions: AgentX's lanes of session trees (`simulator.des.replay`).
 
 With sessions, a unit of traffic is a session of `turns` requests: each turn's prompt is the
 whole previous context (prompts and outputs so far) plus new input, and the prompt's 512-token
@@ -22,10 +23,12 @@ import numpy as np
 import simpy
 
 from simulator.des.prefix_cache import BLOCK_TOKENS
+from simulator.des.replay import TreeReplay
 from simulator.des.requests import RequestTable
+from simulator.des.sessions import Runs, SessionTrace, to_runs
 from simulator.des.traces import Trace
 from simulator.specs.errors import SpecError
-from simulator.specs.workload import ClosedArrival, TraceArrival, Workload
+from simulator.specs.workload import ClosedArrival, SessionsArrival, TraceArrival, Workload
 
 
 class Traffic:
@@ -33,9 +36,19 @@ class Traffic:
 
     def __init__(self, env: simpy.Environment, workload: Workload, table: RequestTable,
                  submit: Callable[[int], None], rng: np.random.Generator,
-                 trace: Trace | None = None, spread_s: float = 0.0) -> None:
+                 trace: Trace | None = None, spread_s: float = 0.0,
+                 corpus: list[SessionTrace] | None = None) -> None:
         self.env, self.workload, self.table, self.submit = env, workload, table, submit
         self.rng, self.trace = rng, trace
+        self.replay: TreeReplay | None = None
+        """The lanes of a sessions arrival."""
+        self._measured = 0
+        if isinstance(workload.arrival, SessionsArrival):
+            if not corpus:
+                raise SpecError("a sessions arrival needs at least one session trace")
+            table.block_tokens = corpus[0].block_tokens
+            self.replay = TreeReplay(env, workload.arrival, corpus, rng, self._send,
+                                     lambda: self.remaining)
         self.spread_s = spread_s
         """Closed loop: the users' first requests are spread evenly over this many seconds."""
         n, w = table.capacity, workload
@@ -50,14 +63,29 @@ class Traffic:
             self.output = np.ones(n, dtype=np.int64)  # the one token a prefill samples
         self._waiters: dict[int, simpy.Event] = {}
         self._next_block = 0
+        self._sessions = 0
 
     @property
     def remaining(self) -> int:
-        return self.table.capacity - self.table.count
+        """Measured requests still to send (warmup turns do not count)."""
+        return self.workload.requests - self._measured if self.replay is not None else (
+            self.table.capacity - self.table.count)
+
+    @property
+    def window(self) -> tuple[float, float | None]:
+        """The window throughput is counted over: with session lanes, from the end of the
+        warmup turns to the last measured dispatch, every lane busy all along as in the
+        harness's fixed-duration run (the tokens of the turns dispatched in it, over it); else
+        (0, None): from the start to the last completion."""
+        if self.replay is None:
+            return 0.0, None
+        return self.replay.window_start, self.replay.window_end
 
     def start(self) -> None:
         a = self.workload.arrival
-        if isinstance(a, TraceArrival):
+        if self.replay is not None:
+            self.replay.start()
+        elif isinstance(a, TraceArrival):
             if self.trace is None:
                 raise SpecError("trace arrival needs a trace")
             self.env.process(self._replay(self.trace))
@@ -66,6 +94,7 @@ class Traffic:
             for i in range(users):
                 self.env.process(self._user(self.spread_s * i / users))
         else:
+            assert not isinstance(a, SessionsArrival)
             units = self.table.capacity
             if self.workload.sessions is not None:
                 units = -(-units // self.workload.sessions.turns)
@@ -84,7 +113,9 @@ class Traffic:
             gap = float(trace.arrival_s[i]) - self.env.now
             if gap > 0:  # rows with one timestamp arrive together
                 yield self.env.timeout(gap)
-            self._send(int(trace.input_len[i]), int(trace.output_len[i]), trace.blocks[i])
+            ids = trace.blocks[i]
+            self._send(int(trace.input_len[i]), int(trace.output_len[i]),
+                       None if ids is None else to_runs(ids))
 
     def _open(self, gaps: np.ndarray) -> Generator[Any, Any, None]:
         for gap in gaps:
@@ -112,6 +143,8 @@ class Traffic:
         assert self.workload.sessions is not None
         turns, think = self.workload.sessions.turns, self.workload.sessions.think_time_s
         context, ids = 0, list[int]()  # context tokens so far; ids of its full blocks
+        session = self._sessions
+        self._sessions += 1
         for turn in range(turns):
             if not self.remaining:
                 return
@@ -121,15 +154,23 @@ class Traffic:
                 ids.append(self._next_block)
                 self._next_block += 1
             output = int(self.output[rid])
-            yield self._send(prompt, output, tuple(ids[: prompt // BLOCK_TOKENS]), wait=True)
+            yield self._send(prompt, output, to_runs(ids[: prompt // BLOCK_TOKENS]), wait=True,
+                             session=session, depth=turn)
             context = prompt + output
             del ids[prompt // BLOCK_TOKENS:]  # the output changes the last, partial block
             if think > 0 and turn < turns - 1:
                 yield self.env.timeout(think)
 
-    def _send(self, prompt: int, output: int, blocks: tuple[int, ...] | None,
-              wait: bool = False) -> simpy.Event:
-        rid = self.table.new(self.env.now, prompt, output, blocks)
+    def _send(self, prompt: int, output: int, blocks: Runs | None, wait: bool = False,
+              session: int = -1, tree: int = -1, depth: int = 0,
+              warmup: bool = False) -> simpy.Event:
+        t = self.table
+        rid = t.new(self.env.now, prompt, output, blocks)
+        t.session[rid], t.tree[rid], t.depth[rid], t.warmup[rid] = session, tree, depth, warmup
+        if not warmup:
+            self._measured += 1
+            if self.replay is not None and self.remaining == 0:
+                self.replay.window_end = self.env.now
         ev = self.env.event()
         if wait:
             self._waiters[rid] = ev

@@ -57,9 +57,11 @@ class ChunkScheduler:
     def ranks(self) -> int:
         return len(self.queues)
 
-    def enqueue(self, rid: int, uncached: int, cached: int) -> int:
-        """Queue a request on the rank with the fewest outstanding tokens; returns the rank."""
-        rank = int(np.argmin(self.outstanding))
+    def enqueue(self, rid: int, uncached: int, cached: int, rank: int | None = None) -> int:
+        """Queue a request on `rank` (default: the rank with the fewest outstanding tokens);
+        returns the rank."""
+        if rank is None:
+            rank = int(np.argmin(self.outstanding))
         self.queues[rank].append((rid, uncached, cached))
         self.outstanding[rank] += uncached
         return rank

@@ -25,7 +25,7 @@ from simulator.des.chunks import Chunking, ChunkPlan, ChunkScheduler
 from simulator.des.experts import ExpertLoad
 from simulator.des.kvpool import KvPool
 from simulator.des.metrics import Recorder
-from simulator.des.prefix_cache import BlockLRU, cached_tokens
+from simulator.des.prefix_cache import RankCaches, cached_tokens
 from simulator.des.pricing import StepPricer
 from simulator.des.requests import RequestTable
 from simulator.des.slots import DecodeSlots
@@ -131,26 +131,69 @@ class Engine:
 
     # ---- helpers -------------------------------------------------------------------------
 
-    def _init_prompts(self, spec: RoleSpec, cache: BlockLRU | None, finish_at_prefill: bool,
+    def _init_prompts(self, spec: RoleSpec, cache: RankCaches | None, finish_at_prefill: bool,
                       admit: Callable[[int, int], int | None]) -> None:
         """Set up a prompt queue (instances that prefill): chunked prefill under the batch
-        limits, the prefix cache, and the ranks blocked on admission."""
+        limits, the per-rank prefix caches, and the ranks blocked on admission."""
         self.cache, self.finish_at_prefill = cache, finish_at_prefill
         self.chunks = ChunkScheduler(self.dp, spec.max_num_batched_tokens, spec.max_num_seqs,
                                      admit)
         self._blocked: set[int] = set()
+        self._loading = np.zeros(self.dp)
+        """Per rank: prompt tokens of requests waiting for their blocks from the host tier."""
 
-    def _enqueue_prompt(self, rid: int) -> None:
-        """Queue a request's uncached prompt tokens for chunked prefill."""
+    def cached_on(self, rank: int, rid: int) -> int:
+        """Prompt tokens of request `rid` that `rank` holds (HBM or host tier), for a router."""
+        blocks = self.table.blocks[rid]
+        if blocks is None or self.cache is None:
+            return 0
+        n = self.cache.peek(rank, blocks)
+        return cached_tokens(n, int(self.table.input_len[rid]), self.table.block_tokens)
+
+    def queued_on(self, rank: int) -> float:
+        """Prompt tokens still to compute on `rank`, loads from the host tier included."""
+        return float(self.chunks.outstanding[rank] + self._loading[rank])
+
+    def requests_on(self, rank: int) -> float:
+        """Requests on `rank`: queued and prefilling (and decoding, where it decodes)."""
+        return float(len(self.chunks.queues[rank]) + len(self.chunks.running[rank]))
+
+    def _enqueue_prompt(self, rid: int, rank: int | None = None) -> None:
+        """Queue a request's uncached prompt tokens for chunked prefill, on `rank` (default: the
+        rank with the least prompt work); blocks held only in the host tier are loaded first."""
         t = self.table
         n, blocks = int(t.input_len[rid]), t.blocks[rid]
+        if rank is None:
+            rank = int(np.argmin(self.chunks.outstanding + self._loading))
+        load = 0
         if blocks is not None and self.cache is not None:
-            cached = cached_tokens(self.cache.hits(blocks), n)
+            hbm, host = self.cache.lookup(rank, blocks)
+            cached = cached_tokens(hbm + host, n, t.block_tokens)
+            load = cached - cached_tokens(hbm, n, t.block_tokens)
         else:
             cached = min(int(self.shared.prefix_hit_rate * n), n - 1)
         t.cached[rid] = cached
-        self.chunks.enqueue(rid, n - cached, cached)
-        self.poke()
+        if load <= 0:
+            self.chunks.enqueue(rid, n - cached, cached, rank)
+            self.poke()
+            return
+        assert self.cache is not None
+        t.host_loaded[rid] = load
+        self._loading[rank] += n - cached
+        done = self.cache.load_done(rank, -(-load // t.block_tokens), self.env.now)
+
+        def loaded(_: simpy.Event) -> None:
+            self._loading[rank] -= n - cached
+            self.chunks.enqueue(rid, n - cached, cached, rank)
+            self.poke()
+
+        self.env.timeout(done - self.env.now).callbacks.append(loaded)
+
+    def _cache_prompt(self, rank: int, rid: int) -> None:
+        """The prompt of `rid` is in `rank`'s KV: later prompts may hit it."""
+        blocks = self.table.blocks[rid]
+        if self.cache is not None and blocks is not None:
+            self.cache.insert(rank, blocks)
 
     def _finish(self, rids: np.ndarray | list[int]) -> None:
         now = self.env.now
@@ -187,14 +230,14 @@ class PrefillEngine(Engine):
     """A P/D prefill instance (or any instance in prefill_only mode, with `finish_at_prefill`)."""
 
     def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
-                 experts: ExpertLoad | None, kv_tokens: int, cache: BlockLRU | None,
+                 experts: ExpertLoad | None, kv_tokens: int, cache: RankCaches | None,
                  finish_at_prefill: bool = False) -> None:
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
         self._init_prompts(spec, cache, finish_at_prefill, self._admit)
 
-    def take(self, rid: int) -> None:
-        """A request routed here."""
-        self._enqueue_prompt(rid)
+    def take(self, rid: int, rank: int | None = None) -> None:
+        """A request routed here (to `rank`, or the rank with the least prompt work)."""
+        self._enqueue_prompt(rid, rank)
 
     def _admit(self, rank: int, rid: int) -> int | None:
         need = float(self.table.input_len[rid])
@@ -226,9 +269,7 @@ class PrefillEngine(Engine):
         for rank, entry in self.chunks.advance(plan.chunks):
             rid = entry.rid
             self.table.prefill_done[rid] = now
-            blocks = self.table.blocks[rid]
-            if self.cache is not None and blocks is not None:
-                self.cache.insert(blocks)
+            self._cache_prompt(rank, rid)
             if self.finish_at_prefill:
                 self.table.first_token[rid] = now
                 self.kv.give(rank, float(self.table.input_len[rid]))
@@ -304,14 +345,17 @@ class AggregatedEngine(DecodeEngine):
     """An instance that prefills and decodes in mixed steps (no P/D)."""
 
     def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
-                 experts: ExpertLoad | None, kv_tokens: int, cache: BlockLRU | None,
+                 experts: ExpertLoad | None, kv_tokens: int, cache: RankCaches | None,
                  finish_at_prefill: bool = False) -> None:
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
         self._init_prompts(spec, cache, finish_at_prefill, self._reserve)
 
-    def take_prompt(self, rid: int) -> None:
-        """A request to prefill (and then decode) here."""
-        self._enqueue_prompt(rid)
+    def take_prompt(self, rid: int, rank: int | None = None) -> None:
+        """A request to prefill (and then decode) here (on `rank`, or the least busy)."""
+        self._enqueue_prompt(rid, rank)
+
+    def requests_on(self, rank: int) -> float:
+        return super().requests_on(rank) + float(self.slots.requests()[rank])
 
     def _reserve(self, rank: int, rid: int) -> int | None:
         output = 0.0 if self.finish_at_prefill else float(self.table.output_len[rid])
@@ -348,9 +392,7 @@ class AggregatedEngine(DecodeEngine):
         rid, slot, now = entry.rid, entry.ref, self.env.now
         self.table.prefill_done[rid] = now
         self.table.first_token[rid] = now  # the last chunk's step samples the first token
-        blocks = self.table.blocks[rid]
-        if self.cache is not None and blocks is not None:
-            self.cache.insert(blocks)
+        self._cache_prompt(rank, rid)
         if self.finish_at_prefill or self.table.output_len[rid] <= 1:
             self.slots.finish_now(rank, slot)
             self._finish([rid])

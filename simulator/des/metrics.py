@@ -10,6 +10,9 @@ import numpy as np
 
 from simulator.cost import StepTime
 
+DEPTH_BUCKETS = (("0", 0, 0), ("1-3", 1, 3), ("4-15", 4, 15), ("16-63", 16, 63),
+                 ("64+", 64, 2**62))
+"""Turn-depth buckets of `ttft_by_depth_ms` (turn index within its agent): name, first, last."""
 BREAKDOWN = ("moe", "attention", "communication", "other")
 """Shares of step time reported; the cost model's `dense` (dense MLP, lm_head) counts as other."""
 
@@ -169,6 +172,14 @@ class SimResult:
     """Distinct (rounded) step signatures the cost model priced."""
     dp_wait_ms: float = 0.0
     """GPU-milliseconds DP ranks waited for a busier rank's attention."""
+    depth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+    """Per completed request: its turn index within its agent (0 without sessions)."""
+    session_tok_s: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    """Per session tree: output tokens per second over its measured span."""
+    host_loaded_tokens: int = 0
+    """Prompt tokens loaded from the host-memory tier instead of computed."""
+    warmup_requests: int = 0
+    """Warmup turns sent before the measured window (in no other figure)."""
 
     @property
     def completed(self) -> int:
@@ -214,5 +225,21 @@ class SimResult:
             "uncached_input_tokens": self.uncached_input_tokens,
             "output_tokens": self.output_tokens,
             "kv_admission_wait_s": float(self.kv_admission_wait_s),
+            "cache_hit_share": _num(self.cached_input_tokens / inputs) if inputs else 0.0,
+            "host_loaded_tokens": self.host_loaded_tokens,
+            "warmup_requests": self.warmup_requests,
+            "ttft_by_depth_ms": self._ttft_by_depth(),
+            "session_tok_s": percentiles(self.session_tok_s, (50,)),
         }
+        return out
+
+    def _ttft_by_depth(self) -> dict[str, dict[str, float | None]]:
+        """TTFT percentiles per bucket of turn depth (DEPTH_BUCKETS) that has requests."""
+        out = {}
+        depth = self.depth if len(self.depth) == len(self.ttft_s) else np.zeros(
+            len(self.ttft_s), dtype=np.int64)
+        for name, lo, hi in DEPTH_BUCKETS:
+            mask = (depth >= lo) & (depth <= hi)
+            if mask.any():
+                out[name] = percentiles(self.ttft_s[mask] * 1e3, (50, 90))
         return out

@@ -1,48 +1,152 @@
-"""Prefix cache of one instance: an LRU of fixed-size KV blocks named by content hash ids."""
+"""Prefix cache of one DP rank: an LRU of KV blocks named by content hash ids, held in runs.
+
+vLLM keeps the blocks of finished prompts in its free block pool and evicts them, least recently
+used first, only when a new allocation needs the space; so the cache of a rank holds at most what
+its KV memory leaves after the requests running there. A rank's blocks are kept here as runs of
+consecutive ids, {first id: blocks cached}: an agent's turn extends the previous turn's run, so a
+500K-token prompt costs a few dict entries, not 8,000. A block id names a block *and* its prefix
+(the traces' hash ids are chained), so a run is matched from its first id.
+
+Eviction trims a run from its tail (a later block is useless without the earlier ones, and vLLM
+frees a request's blocks tail first), and the runs of one prompt are refreshed first-run-last, so
+a shared system prompt outlives the tails behind it.
+
+`HostTier` is the optional second tier in host memory (vLLM's KV offloading connector, LMCache):
+every block computed is stored there too, and a prompt whose blocks fell out of HBM but are in
+host memory loads them over the host link instead of computing them.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable
+
+from simulator.des.sessions import Runs
 
 BLOCK_TOKENS = 512
-"""Tokens per hashed prefix block (the Mooncake trace's block size)."""
+"""Tokens per hashed prefix block of the Mooncake traces (AgentX traces: 64, from the trace)."""
 
 
 class BlockLRU:
-    """Least-recently-used set of block ids, at most `capacity` blocks."""
+    """Least-recently-used runs of block ids, at most `capacity` blocks."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = max(int(capacity), 0)
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._capacity = max(int(capacity), 0)
+        self._runs: OrderedDict[int, int] = OrderedDict()
+        self.blocks = 0
+        """Blocks cached."""
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return self.blocks
 
-    def hits(self, blocks: Sequence[int]) -> int:
-        """Leading blocks of a prompt already cached (a prefix cache stops at the first miss).
+    @property
+    def capacity(self) -> int:
+        return self._capacity
 
-        Looking up refreshes the hit blocks."""
+    @capacity.setter
+    def capacity(self, blocks: int) -> None:
+        """Shrinking evicts at once."""
+        self._capacity = max(int(blocks), 0)
+        self._evict()
+
+    def peek(self, runs: Runs) -> int:
+        """Leading blocks of a prompt cached here (a prefix cache stops at the first miss);
+        changes nothing (what a router asks)."""
         n = 0
-        for b in blocks:
-            if b not in self._blocks:
+        for start, count in runs:
+            held = self._runs.get(start, 0)
+            n += min(held, count)
+            if held < count:
                 break
-            self._blocks.move_to_end(b)
-            n += 1
         return n
 
-    def insert(self, blocks: Sequence[int]) -> None:
-        """Cache a prompt's blocks (most recent last), evicting the least recently used."""
-        if not self.capacity:
+    def hits(self, runs: Runs) -> int:
+        """Like `peek`, and the hit runs become the most recently used."""
+        n = 0
+        touched = []
+        for start, count in runs:
+            held = self._runs.get(start, 0)
+            if held:
+                touched.append(start)
+            n += min(held, count)
+            if held < count:
+                break
+        for start in reversed(touched):
+            self._runs.move_to_end(start)
+        return n
+
+    def insert(self, runs: Runs) -> None:
+        """Cache a prompt's blocks as the most recently used, evicting the least recently
+        used (tails first) beyond capacity."""
+        if not self._capacity:
             return
-        for b in blocks:
-            self._blocks[b] = None
-            self._blocks.move_to_end(b)
-        while len(self._blocks) > self.capacity:
-            self._blocks.popitem(last=False)
+        for start, count in reversed(runs):
+            held = self._runs.get(start, 0)
+            if count > held:
+                self.blocks += count - held
+                self._runs[start] = count
+            self._runs.move_to_end(start)
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.blocks > self._capacity and self._runs:
+            start, held = next(iter(self._runs.items()))
+            over = self.blocks - self._capacity
+            if held <= over:
+                del self._runs[start]
+                self.blocks -= held
+            else:
+                self._runs[start] = held - over
+                self.blocks -= over
 
 
 def cached_tokens(hit_blocks: int, input_len: int, block_tokens: int = BLOCK_TOKENS) -> int:
     """Prompt tokens served from cache: whole hit blocks, but the last prompt token is always
     computed (the engine needs its logits)."""
     return max(min(hit_blocks * block_tokens, input_len - 1), 0)
+
+
+class RankCaches:
+    """The prefix caches of an instance's DP ranks: HBM, and the host tier when there is one.
+
+    `free_blocks(rank)` says how many blocks the rank's KV memory leaves after the requests
+    running there; the HBM cache is held to it at every lookup and insert.
+    """
+
+    def __init__(self, ranks: int, free_blocks: Callable[[int], int], host_blocks: int = 0,
+                 block_tokens: int = BLOCK_TOKENS, load_s_per_block: float = 0.0) -> None:
+        self.free_blocks, self.block_tokens = free_blocks, block_tokens
+        self.hbm = [BlockLRU(free_blocks(r)) for r in range(ranks)]
+        self.host = [BlockLRU(host_blocks) for _ in range(ranks)] if host_blocks > 0 else None
+        self.load_s_per_block = load_s_per_block
+        """Seconds one block takes over the rank's host link."""
+        self._link_free = [0.0] * ranks
+
+    def load_done(self, rank: int, blocks: int, now: float) -> float:
+        """When `blocks` from the host tier, asked for at `now`, are in HBM: loads on one rank's
+        link go one after another."""
+        start = max(now, self._link_free[rank])
+        self._link_free[rank] = start + blocks * self.load_s_per_block
+        return self._link_free[rank]
+
+    def peek(self, rank: int, runs: Runs) -> int:
+        """Leading blocks of a prompt the rank could serve without computing them."""
+        hbm = self.hbm[rank].peek(runs)
+        return max(hbm, self.host[rank].peek(runs)) if self.host is not None else hbm
+
+    def lookup(self, rank: int, runs: Runs) -> tuple[int, int]:
+        """(blocks hit in HBM, further leading blocks hit in the host tier), refreshing both."""
+        hbm = self.hbm[rank]
+        hbm.capacity = self.free_blocks(rank)
+        n = hbm.hits(runs)
+        if self.host is None:
+            return n, 0
+        return n, max(self.host[rank].hits(runs) - n, 0)
+
+    def insert(self, rank: int, runs: Runs) -> None:
+        """A prompt's blocks were computed (or loaded) on the rank."""
+        hbm = self.hbm[rank]
+        hbm.capacity = self.free_blocks(rank)
+        hbm.insert(runs)
+        if self.host is not None:
+            self.host[rank].insert(runs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.des.prefix_cache import BLOCK_TOKENS
+from simulator.des.sessions import Runs
 from simulator.specs.errors import SpecError
 
 
@@ -29,11 +31,24 @@ class RequestTable:
         self.prefill_done = np.full(capacity, np.nan)
         self.first_token = np.full(capacity, np.nan)
         self.finish = np.full(capacity, np.nan)
-        self.blocks: list[tuple[int, ...] | None] = [None] * capacity
-        """Ids of the prompt's 512-token prefix blocks (traces, sessions); None: no block ids."""
+        self.blocks: list[Runs | None] = [None] * capacity
+        """Runs of the ids of the prompt's prefix blocks (traces, sessions); None: no ids."""
+        self.block_tokens = BLOCK_TOKENS
+        """Tokens per block id of this run's traffic (the trace's block size)."""
+        self.session = np.full(capacity, -1, dtype=np.int64)
+        """Conversation the request belongs to (a session's agent), -1 for none: what
+        session-affine routing pins."""
+        self.tree = np.full(capacity, -1, dtype=np.int64)
+        """Session tree (one replay of a trace), -1 for none."""
+        self.depth = np.zeros(capacity, dtype=np.int64)
+        """Turn index within its agent (0: the agent's first turn)."""
+        self.warmup = np.zeros(capacity, dtype=bool)
+        """Sent to prime the cache before the measured window; left out of every metric."""
+        self.host_loaded = np.zeros(capacity, dtype=np.int64)
+        """Prompt tokens loaded from the host-memory tier instead of computed."""
 
     def new(self, arrival: float, input_len: int, output_len: int,
-            blocks: tuple[int, ...] | None = None) -> int:
+            blocks: Runs | None = None) -> int:
         """Add one request and return its id."""
         if self.count >= self.capacity:
             raise SpecError(f"more than the {self.capacity} requests this run was sized for")
@@ -53,3 +68,7 @@ class RequestTable:
     def done(self) -> np.ndarray:
         """Mask of the requests that finished."""
         return ~np.isnan(self.finish[: self.count])
+
+    def measured(self) -> np.ndarray:
+        """Mask of the requests that finished and count in the metrics (not warmup)."""
+        return self.done() & ~self.warmup[: self.count]

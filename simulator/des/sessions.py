@@ -13,6 +13,7 @@ blocks holds ~8,000 ids, which as runs of consecutive ids are a handful of pairs
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -111,14 +112,29 @@ class SessionTrace:
         """Indexes of the agents `agent` spawns, in order."""
         return [i for i, a in enumerate(self.agents) if a.parent == agent]
 
+    @functools.cached_property
     def id_span(self) -> int:
         """One more than the largest block id (a replay shifts ids by a multiple of this)."""
-        top = -1
-        for a in self.agents:
-            for t in a.turns:
-                for s, n in t.blocks:
-                    top = max(top, s + n - 1)
-        return top + 1
+        return max((s + n for a in self.agents for t in a.turns for s, n in t.blocks),
+                   default=0)
+
+    @functools.cached_property
+    def spawned(self) -> tuple[dict[int, list[int]], ...]:
+        """Per agent: its turn -> the child agents that turn's completion spawns (-1: at the
+        agent's start)."""
+        out: tuple[dict[int, list[int]], ...] = tuple({} for _ in self.agents)
+        for i, a in enumerate(self.agents[1:], 1):
+            out[a.parent].setdefault(a.after_turn, []).append(i)
+        return out
+
+    @functools.cached_property
+    def joined(self) -> tuple[dict[int, list[int]], ...]:
+        """Per agent: its turn -> the child agents that turn waits for."""
+        out: tuple[dict[int, list[int]], ...] = tuple({} for _ in self.agents)
+        for i, a in enumerate(self.agents[1:], 1):
+            if a.join_turn is not None:
+                out[a.parent].setdefault(a.join_turn, []).append(i)
+        return out
 
 
 def check_tree(agents: Sequence[Agent]) -> str | None:

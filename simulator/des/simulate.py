@@ -35,17 +35,18 @@ from simulator.des.experts import (
     read_expert_counts,
 )
 from simulator.des.metrics import InstanceInfo, Recorder, SimResult
-from simulator.des.prefix_cache import BLOCK_TOKENS, BlockLRU
+from simulator.des.prefix_cache import RankCaches
 from simulator.des.pricing import StepPricer
+from simulator.des.replay import load_corpus
 from simulator.des.requests import RequestTable
-from simulator.des.routers import ROUTERS, Router
 from simulator.des.traces import Trace, read_trace
 from simulator.des.transfer import KvNetwork
 from simulator.resolve import resolve
-from simulator.specs.deployment import Deployment
+from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.errors import SpecError
 from simulator.specs.model import ModelSpec
-from simulator.specs.workload import ClosedArrival, TraceArrival, Workload
+from simulator.specs.routing import Candidate, Router
+from simulator.specs.workload import ClosedArrival, SessionsArrival, TraceArrival, Workload
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,15 @@ class _Run:
         self._step_seeds = seeds[2]
 
         trace = self._trace()
+        corpus = None
         n = workload.requests if trace is None else min(workload.requests, len(trace))
+        if isinstance(workload.arrival, SessionsArrival):
+            corpus = load_corpus(workload.arrival, workload.seed)
+            n = workload.requests + workload.arrival.concurrency  # one warmup turn per lane
         self.env = simpy.Environment()
         self.table = RequestTable(n)
+        if corpus:
+            self.table.block_tokens = corpus[0].block_tokens
         self.recorder = Recorder()
         self.popularity = self._popularity(popularity_rng, expert_counts)
         self.engines: dict[str, list[Engine]] = {}
@@ -128,14 +135,18 @@ class _Run:
                              workload.prefix_hit_rate,
                              self.model.kv_token_cost(deployment.precision.kv_cache,
                                                       deployment.precision.indexer_cache))
+        self._by_name: dict[str, Engine] = {}
         for role in self._running_roles():
-            self.engines[role] = [self._engine(role, i) for i in
-                                  range(deployment.roles[role].instances)]
+            self.engines[role] = []
+            for i in range(deployment.roles[role].instances):
+                engine = self._engine(role, i)
+                self.engines[role].append(engine)
+                self._by_name[engine.name] = engine
         self.routers: dict[str, Router] = {
-            role: ROUTERS[deployment.roles[role].router_policy(role)]()
-            for role in self.engines}
+            role: Router(deployment.roles[role].router_policy(role)) for role in self.engines}
         self.network = KvNetwork(self.env, self.placement.transfer_gb_s)
-        self.traffic = Traffic(self.env, workload, self.table, self.submit, traffic_rng, trace)
+        self.traffic = Traffic(self.env, workload, self.table, self.submit, traffic_rng, trace,
+                               corpus=corpus)
         a = workload.arrival
         if isinstance(a, ClosedArrival) and a.start == "spread":
             self.traffic.spread_s = self._request_seconds(a.concurrency)
@@ -221,7 +232,7 @@ class _Run:
             role=role, ranks=spec.ranks, gpus=self.placement.gpus[name],
             kv_tokens_per_rank=kv_tokens, a2a_gb_s=a2a,
             expert_imbalance=experts.expected_imbalance if experts else 0.0)
-        cache = BlockLRU(kv_tokens * pricer.instance.dp // BLOCK_TOKENS)
+        cache = self._caches(role, spec, pricer.instance.dp, kv_tokens)
         only_prefill = self.workload.mode == "prefill_only"
         if role == "prefill":
             return PrefillEngine(self.shared, name, spec, pricer, experts, kv_tokens, cache,
@@ -231,11 +242,61 @@ class _Run:
         return AggregatedEngine(self.shared, name, spec, pricer, experts, kv_tokens, cache,
                                 finish_at_prefill=only_prefill)
 
+    def _caches(self, role: str, spec: RoleSpec, ranks: int, kv_tokens: int) -> RankCaches:
+        """Per-rank prefix caches of an instance that prefills: HBM within what its running
+        requests leave, and the host tier of `host_cache_gb` per GPU priced over the host link.
+        The engine's KV pool is read through `engines` once the engine exists."""
+        d, block = self.deployment, self.table.block_tokens
+        pool_tokens = self.model.kv_token_cost(d.precision.kv_cache, d.precision.indexer_cache)
+        per_block = max((pool_tokens(2.0 ** 20) - pool_tokens(2.0 ** 19)) / 2.0 ** 19 * block,
+                        1e-9)
+        index = len(self.engines.get(role, []))
+        name = f"{role}-{index}"
+
+        def free_blocks(rank: int) -> int:
+            engine = self._by_name.get(name)
+            used = float(engine.kv.used[rank]) if engine is not None else 0.0
+            return int(max(kv_tokens - used, 0.0) // per_block)
+
+        bytes_per_block = (self.model.kv_bytes(2.0 ** 20, d.precision.kv_cache,
+                                               d.precision.indexer_cache)
+                           - self.model.kv_bytes(2.0 ** 19, d.precision.kv_cache,
+                                                 d.precision.indexer_cache)) / 2.0 ** 19 * block
+        host_blocks = int(spec.host_cache_gb * 2 ** 30 // max(bytes_per_block, 1.0))
+        link = self.hardware.host_link_gb_s * 1e9
+        return RankCaches(ranks, free_blocks, host_blocks, block,
+                          bytes_per_block / link if link > 0 else 0.0)
+
     # ---- the pipeline (engines call these) -------------------------------------------------
 
     def _pick(self, role: str) -> Engine:
+        """An instance of `role` by its router's policy over the instances' loads."""
         engines = self.engines[role]
-        return engines[self.routers[role].pick(engines)]
+        cands = [Candidate(queued_tokens=e.load_tokens(), requests=e.load_requests())
+                 for e in engines]
+        return engines[self.routers[role].pick(cands)]
+
+    def _place_prompt(self, role: str, rid: int) -> tuple[Engine, int | None]:
+        """Where a prompt goes: with a policy that knows the prefix caches, the (instance, DP
+        rank) whose cache and queue make it cheapest, each rank being its own engine core with
+        its own cache; else an instance, which then picks its rank."""
+        router, engines = self.routers[role], self.engines[role]
+        session = int(self.table.session[rid])
+        key = session if session >= 0 else None
+        if not router.policy.uses_prefix:
+            cands = [Candidate(queued_tokens=e.load_tokens(), requests=e.load_requests())
+                     for e in engines]
+            return engines[router.pick(cands, key)], None
+        prompt = float(self.table.input_len[rid])
+        places: list[tuple[Engine, int]] = []
+        cands = []
+        for e in engines:
+            assert isinstance(e, PrefillEngine | AggregatedEngine)
+            for r in range(e.dp):
+                places.append((e, r))
+                cands.append(Candidate(queued_tokens=e.queued_on(r), requests=e.requests_on(r),
+                                       cached_tokens=e.cached_on(r, rid), prompt_tokens=prompt))
+        return places[router.pick(cands, key)]
 
     def submit(self, rid: int) -> None:
         """A request arrived; it reaches the scheduler after the API overhead."""
@@ -247,16 +308,18 @@ class _Run:
 
     def _route(self, rid: int) -> None:
         role = next(iter(self.engines))
-        target = self._pick(role)
         if self.workload.mode == "decode_only":
+            target = self._pick(role)
             assert isinstance(target, DecodeEngine)
             self.table.cached[rid] = self.table.input_len[rid]  # KV comes from the connector
             target.take(rid, float(self.table.input_len[rid]))
-        elif isinstance(target, AggregatedEngine):
-            target.take_prompt(rid)
+            return
+        target, rank = self._place_prompt(role, rid)
+        if isinstance(target, AggregatedEngine):
+            target.take_prompt(rid, rank)
         else:
             assert isinstance(target, PrefillEngine)
-            target.take(rid)
+            target.take(rid, rank)
 
     def prefilled(self, engine: PrefillEngine, rank: int, rid: int) -> None:
         decode = self._pick("decode")
@@ -305,27 +368,32 @@ class _Run:
 
     def _collect(self) -> SimResult:
         t, d = self.table, self.deployment
-        done = t.done()
+        done = t.measured()
         ran = list(self.engines)
         gpus = (d.gpus or d.gpus_used) if self.workload.mode == "serve" else sum(
             d.roles[r].gpus for r in ran)
-        ttft = (t.first_token - t.arrival)[: t.count][done]
-        e2e = (t.finish - t.arrival)[: t.count][done]
-        out = t.output_len[: t.count][done]
-        decode_time = (t.finish - t.first_token)[: t.count][done]
+        n = t.count
+        ttft = (t.first_token - t.arrival)[:n][done]
+        e2e = (t.finish - t.arrival)[:n][done]
+        out = t.output_len[:n][done]
+        decode_time = (t.finish - t.first_token)[:n][done]
         with np.errstate(divide="ignore", invalid="ignore"):
             tpot = np.where(out > 1, decode_time / (out - 1), np.nan)
         itl, weight = self.recorder.itl_samples()
         kv_wait = sum(e.kv.wait_s for es in self.engines.values() for e in es)
+        end = float(np.nanmax(t.finish[:n][done], initial=0.0))
+        start, stop = self.traffic.window
+        if stop is not None and stop > start:
+            end = stop  # tokens of the turns dispatched in the window, over the window
         return SimResult(
             gpus=gpus,
             prefill_gpus=d.roles["prefill"].gpus if "prefill" in ran else None,
             decode_gpus=d.roles["decode"].gpus if "decode" in ran else None,
             usd_per_gpu_hour=self.hardware.usd_per_gpu_hour,
-            duration_s=float(np.nanmax(t.finish[: t.count], initial=0.0)),
+            duration_s=max(end - start, 0.0),
             ttft_s=ttft, tpot_s=tpot, e2e_s=e2e,
-            cached_input_tokens=int(t.cached[: t.count][done].sum()),
-            uncached_input_tokens=int(t.uncached[: t.count][done].sum()),
+            cached_input_tokens=int(t.cached[:n][done].sum()),
+            uncached_input_tokens=int(t.uncached[:n][done].sum()),
             output_tokens=int(out.sum()),
             itl_s=itl, itl_weight=weight,
             breakdown_ms=dict(self.recorder.breakdown_ms),
@@ -336,4 +404,29 @@ class _Run:
             steps=self.recorder.steps,
             priced_steps=sum(p.misses for p in self.pricers.values()),
             dp_wait_ms=self.recorder.dp_wait_ms,
+            depth=t.depth[:n][done],
+            session_tok_s=_session_speeds(t, done),
+            host_loaded_tokens=int(t.host_loaded[:n][done].sum()),
+            warmup_requests=int(t.warmup[:n].sum()),
         )
+
+
+def _session_speeds(t: RequestTable, done: np.ndarray) -> np.ndarray:
+    """Output tokens per second of each session tree over its measured span (first measured
+    arrival to last measured completion); empty without session trees."""
+    n = t.count
+    tree = t.tree[:n][done]
+    if not tree.size or tree.max() < 0:
+        return np.zeros(0)
+    keep = tree >= 0
+    tree = tree[keep]
+    arrival, finish = t.arrival[:n][done][keep], t.finish[:n][done][keep]
+    out = t.output_len[:n][done][keep].astype(float)
+    ids, inverse = np.unique(tree, return_inverse=True)
+    first = np.full(len(ids), np.inf)
+    last = np.zeros(len(ids))
+    np.minimum.at(first, inverse, arrival)
+    np.maximum.at(last, inverse, finish)
+    tokens = np.bincount(inverse, weights=out, minlength=len(ids))
+    span = last - first
+    return tokens[span > 0] / span[span > 0]

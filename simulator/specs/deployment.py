@@ -104,6 +104,14 @@ class RoleSpec(BaseModel):
     cpu_offload_gb: float = Field(0.0, ge=0)
     """GiB of weights per GPU kept in host memory and read over the host link in every forward
     pass (vLLM --cpu-offload-gb, zero-copy; fast on GB200/GB300's NVLink-C2C) (default 0)."""
+    host_cache_gb: float = Field(0.0, ge=0)
+    """GiB of host memory per GPU for the prefix cache's second tier: every computed KV block is
+    also stored there, and a prompt whose blocks left HBM loads them over the host link instead
+    of computing them (vLLM --kv-offloading-size, which counts all TP ranks together) (default
+    0: no host tier)."""
+    host_cache_backend: Literal["native", "lmcache"] = "native"
+    """Who keeps the host tier: vLLM's own offloading connector or LMCache
+    (--kv-offloading-backend) (default native)."""
 
     @model_validator(mode="after")
     def _check(self) -> RoleSpec:

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator.specs.agentx import AgentxShape, Lognormal
 from simulator.specs.errors import SpecError
 
 _SPEC = ConfigDict(frozen=True, extra="forbid")
@@ -78,8 +79,49 @@ class TraceArrival(BaseModel):
     """Multiplies the trace's timestamps: 0.5 replays twice as fast (default 1.0)."""
 
 
+class SessionsArrival(BaseModel):
+    """Agentic session trees as SemiAnalysis AgentX replays them: `concurrency` lanes, each
+    running one tree (a trace's root agent and its subagents) at a time, the next trace from
+    turn 0 when a tree drains; initial lanes start at a sampled point t* after a warmup turn.
+    Lengths, block ids, think times and subagents come from the traces; with `traces` unset,
+    from a seeded synthetic corpus of AgentX-shaped trees (`shape`, docs/agentx.md)."""
+
+    model_config = _SPEC
+
+    kind: Literal["sessions"] = "sessions"
+    """Session-tree replay."""
+    concurrency: int = Field(ge=1)
+    """Session trees alive at all times (required); subagents run inside their tree's lane."""
+    traces: str | None = None
+    """AgentX ("weka") traces to replay: a .json/.jsonl file or a folder of them; null: the
+    synthetic corpus (default null)."""
+    shape: AgentxShape = AgentxShape()
+    """Parameters of the synthetic corpus (ignored with `traces`)."""
+    start: Literal["t_star", "turn0"] = "t_star"
+    """t_star: initial lanes start at a sampled t* of their trace after one warmup turn, as
+    the harness does; turn0: every tree from its first turn, no warmup (default t_star)."""
+    t_star_min: float = Field(0.0, ge=0, le=1)
+    """Earliest t*, as a share of the root's recorded span (default 0.0, the scenario's)."""
+    t_star_max: float = Field(1.0, ge=0, le=1)
+    """Latest t*, as a share of the root's recorded span (default 1.0, the scenario's)."""
+    idle_gap_cap_s: float | None = Field(None, gt=0)
+    """Cap on a think time that starts while nothing of its tree is in flight (the harness's
+    --trace-idle-gap-cap-seconds); null: think times as recorded (default null)."""
+    sampling: Literal["shuffle", "sequential", "random"] = "shuffle"
+    """Which trace a lane replays next: a fresh shuffle of the corpus per pass, the corpus in
+    order, or a random draw each time (default shuffle)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SessionsArrival:
+        if self.t_star_max < self.t_star_min:
+            raise SpecError(f"t_star_max={self.t_star_max:g} must be >= "
+                            f"t_star_min={self.t_star_min:g}")
+        return self
+
+
 Arrival = Annotated[
-    ClosedArrival | PoissonArrival | BurstyArrival | TraceArrival, Field(discriminator="kind")
+    ClosedArrival | PoissonArrival | BurstyArrival | TraceArrival | SessionsArrival,
+    Field(discriminator="kind")
 ]
 
 
@@ -132,30 +174,15 @@ class UniformLength(BaseModel):
         return (self.low + self.high) / 2.0
 
 
-class LognormalLength(BaseModel):
+class LognormalLength(Lognormal):
     """Log-normal lengths, rounded and clipped to [1, max]."""
-
-    model_config = _SPEC
 
     kind: Literal["lognormal"] = "lognormal"
     """Log-normal length."""
     median: float = Field(gt=0)
     """Median length in tokens (required)."""
-    sigma: float = Field(1.0, ge=0)
-    """Standard deviation of the log of the length (default 1.0)."""
     max: int = Field(131072, ge=1)
     """Longest length in tokens; longer draws are clipped to it (default 131072)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> LognormalLength:
-        if self.median > self.max:
-            raise SpecError(f"median={self.median:g} must be <= max={self.max}")
-        return self
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """n lengths (int64) in [1, max]."""
-        x = np.rint(rng.lognormal(math.log(self.median), self.sigma, n))
-        return np.clip(x, 1, self.max).astype(np.int64)
 
     @property
     def mean(self) -> float:
@@ -196,9 +223,11 @@ class Workload(BaseModel):
     model_config = _SPEC
 
     arrival: Arrival = ClosedArrival(concurrency=2048)
-    """How requests arrive: closed, poisson, bursty or trace (default closed, concurrency 2048)."""
+    """How requests arrive: closed, poisson, bursty, trace or sessions (default closed,
+    concurrency 2048)."""
     requests: int = Field(4000, ge=1)
-    """Requests to send in all, each session turn counting as one (default 4000)."""
+    """Requests to send in all, each session turn counting as one; with a sessions arrival the
+    measured ones (warmup turns come on top) (default 4000)."""
     input_tokens: Length = FixedLength(value=2000)
     """Input (prompt) length: fixed, uniform or lognormal (default fixed 2000)."""
     output_tokens: Length = FixedLength(value=1000)
@@ -218,4 +247,12 @@ class Workload(BaseModel):
     def _check(self) -> Workload:
         if self.sessions is not None and self.mode != "serve":
             raise SpecError(f"sessions need mode 'serve', not mode={self.mode!r}")
+        if isinstance(self.arrival, SessionsArrival):
+            if self.sessions is not None:
+                raise SpecError("a sessions arrival replays session trees with their own "
+                                "turns and think times; drop `sessions` (it is for the "
+                                "closed, poisson and bursty arrivals)")
+            if self.mode != "serve":
+                raise SpecError(f"a sessions arrival needs mode 'serve', not "
+                                f"mode={self.mode!r}")
         return self

@@ -83,7 +83,7 @@ def test_pd_properties_and_role_defaults() -> None:
     assert d.prefill.expert_parallel and d.prefill.ranks == 8
     assert d.prefill.backend("prefill") == "deepep_high_throughput"
     assert d.decode.backend("decode") == "deepep_low_latency"
-    assert d.prefill.router_policy("prefill") == "least_tokens"
+    assert d.prefill.router_policy("prefill") == "prefix_aware"
     assert d.decode.router_policy("decode") == "least_requests"
     assert d.decode.speculative is not None and d.decode.speculative.acceptance == 0.8
     chosen = RoleSpec(all2all_backend="pplx", router="round_robin")

@@ -24,6 +24,7 @@ from simulator.des.chunks import ChunkScheduler
 from simulator.des.kvpool import KvPool
 from simulator.des.prefix_cache import BlockLRU, cached_tokens
 from simulator.des.pricing import StepPricer, pareto_front, round_bits
+from simulator.des.sessions import to_runs
 from simulator.des.slots import DecodeSlots
 from simulator.des.transfer import KvNetwork
 from simulator.specs.deployment import Deployment, RoleSpec, Speculative
@@ -285,10 +286,10 @@ def test_kv_transfers_share_the_link() -> None:
 
 def test_prefix_lru_stops_at_the_first_miss_and_evicts_oldest() -> None:
     lru = BlockLRU(3)
-    lru.insert([1, 2, 3])
-    assert lru.hits([1, 2, 9, 3]) == 2
-    lru.insert([4])  # evicts 3, the least recently used (1 and 2 were just hit)
-    assert lru.hits([1, 2, 3]) == 2 and len(lru) == 3
+    lru.insert(to_runs([1, 2, 3]))
+    assert lru.hits(to_runs([1, 2, 9, 3])) == 2
+    lru.insert(to_runs([4]))  # evicts 3: the hit run's tail, older than 4
+    assert lru.hits(to_runs([1, 2, 3])) == 2 and len(lru) == 3
     assert cached_tokens(4, 2048) == 2047 and cached_tokens(1, 2048) == 512
 
 

@@ -36,7 +36,8 @@ def test_weights_offloaded_to_the_host_fit_a_layout_and_cost_their_reads():
     offloaded = RoleSpec(dep=4, cpu_offload_gb=200)
     mem = check_memory("decode", R1, gb300, offloaded, "bf16", "fp8")
     assert mem.offloaded == pytest.approx(200 * 1024 ** 3)
-    with pytest.raises(SpecError, match="cpu_offload_gb=300 exceeds the 240 GB of host memory"):
+    with pytest.raises(SpecError, match="cpu_offload_gb=300 plus host_cache_gb=0 GiB exceed "
+                                        "the 240 GB of host memory"):
         check_memory("decode", R1, gb300, RoleSpec(dep=4, cpu_offload_gb=300), "bf16", "fp8")
     cal = load_calibration(gb300, "vllm")
     base = Instance(model=R1, hardware=gb300, role="decode", ranks=4, expert_parallel=True)

@@ -18,6 +18,10 @@ CONTRACT = {
     "tok_s_user", "step_breakdown", "expert_imbalance", "cost_per_mtok_usd",
     "cached_input_tokens", "uncached_input_tokens", "output_tokens", "kv_admission_wait_s",
     "dp_imbalance",  # an extension of DESIGN.md's keys: GPU time lock-step DP ranks wait
+    # extensions for agentic traffic: prefix-cache hits, the host tier, warmup turns left
+    # out, TTFT by turn depth, per-session speed
+    "cache_hit_share", "host_loaded_tokens", "warmup_requests", "ttft_by_depth_ms",
+    "session_tok_s",
 }
 
 

@@ -87,7 +87,7 @@ def test_dump_keeps_kind_of_objects_built_in_python() -> None:
 
 def test_unknown_kind_lists_kinds() -> None:
     assert error({"arrival": {"kind": "uniform", "rate": 3}}) == (
-        "workload: arrival.kind='uniform' is not one of closed, poisson, bursty, trace")
+        "workload: arrival.kind='uniform' is not one of closed, poisson, bursty, trace, sessions")
     assert error({"input_tokens": {"kind": "normal"}}) == (
         "workload: input_tokens.kind='normal' is not one of fixed, uniform, lognormal")
     assert "needs a kind, one of fixed, uniform, lognormal" in error({"output_tokens": {"v": 1}})

@@ -6,17 +6,30 @@ It speaks the protocol of vLLM's KV-transfer deployments. For each /v1/completio
    `X-Request-Id` header and `kv_transfer_params: {do_remote_decode: true, ...}`;
 2. copies the `kv_transfer_params` of the prefill's answer into the original request, sends that
    to a decode instance with the same request id, and streams the decode's answer back.
-Prefill instances are picked by fewest outstanding requests, decode instances round-robin. For an
-aggregated deployment it forwards each request to one instance (fewest outstanding).
+For an aggregated deployment it forwards each request to one instance.
+
+Which instance of a role takes a request is the plan's router policy for that role, from the
+table the simulator uses too (simulator/specs/routing.py; by default prefill and aggregated
+`prefix_aware`, decode `least_requests`). For every request the proxy hands the role's `Router`
+one `Candidate` per instance: its requests in flight, the prompt characters of the requests
+there that have not had a first byte of answer yet (their prefill, or for a decode instance its
+KV load and first step), and, for policies that use a prefix, how much of this prompt the
+instance is predicted to hold (executor/prefix_index.py: the proxy's own record of what it sent
+where). The prompt is the completion's `prompt`, or the chat's messages in order (role and
+content). A request's session, for `session_affinity`, is the first of the headers
+X-Session-ID, X-Correlation-ID, X-Dynamo-Session-ID, else the body's `user`; a request without
+one is routed by the policy's cost.
 
 Every answer carries `x-rackplan-prefill` and `x-rackplan-decode` headers naming the instances
-that served it (`prefill-0`, `decode-1`, `aggregated-0`: the renderer's instance names), and
-`x-request-id`. GET /v1/models is answered by the first decode (or aggregated) instance; GET
-/health says 200 when every instance's /health does, else 503 naming those that do not.
+that served it (`prefill-0`, `decode-1`, `aggregated-0`: the renderer's instance names),
+`x-rackplan-policy` naming the policies that chose them (`prefill=prefix_aware,decode=...`),
+and `x-request-id`. GET /v1/models is answered by the first decode (or aggregated) instance;
+GET /health says 200 when every instance's /health does, else 503 naming those that do not.
 
 Run as `python -m executor.proxy --config router.json`, where router.json is the renderer's
-router: {"port": 8099, "prefill_urls": [...], "decode_urls": [...]} or {"port": ...,
-"aggregated_urls": [...]}, optionally with "host" (default 127.0.0.1).
+router: {"port": 8099, "prefill_urls": [...], "decode_urls": [...], "prefill_policy": ...,
+"decode_policy": ...} or {"port": ..., "aggregated_urls": [...], "aggregated_policy": ...},
+optionally with "host" (default 127.0.0.1); a policy not given is the role's default.
 """
 
 from __future__ import annotations
@@ -28,15 +41,24 @@ import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from executor.prefix_index import CHUNK_CHARS, PrefixIndex, chunk_keys
+from simulator.specs.routing import DEFAULT_ROUTER, POLICIES, Candidate, Router, RouterPolicy
 
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 PREFILL_HEADER = "x-rackplan-prefill"
 DECODE_HEADER = "x-rackplan-decode"
+POLICY_HEADER = "x-rackplan-policy"
+SESSION_HEADERS = ("X-Session-ID", "X-Correlation-ID", "X-Dynamo-Session-ID")
+"""Headers that name a request's session, first present wins (AgentX stamps these)."""
 REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                  "remote_block_ids": None, "remote_host": None, "remote_port": None}
 """kv_transfer_params of the prefill request: keep the KV for a remote decode."""
@@ -63,11 +85,18 @@ class RouterConfig:
     """Base URLs of the instances that do both (no P/D)."""
     host: str = "127.0.0.1"
     """Address the proxy binds."""
+    prefill_policy: RouterPolicy = DEFAULT_ROUTER["prefill"]
+    """Router policy over the prefill instances (simulator/specs/routing.py)."""
+    decode_policy: RouterPolicy = DEFAULT_ROUTER["decode"]
+    """Router policy over the decode instances."""
+    aggregated_policy: RouterPolicy = DEFAULT_ROUTER["aggregated"]
+    """Router policy over the aggregated instances."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RouterConfig:
         """A config from the renderer's router dict; ConfigError naming the bad value."""
-        known = {"port", "host", "prefill_urls", "decode_urls", "aggregated_urls"}
+        known = {"port", "host", "prefill_urls", "decode_urls", "aggregated_urls",
+                 *(f"{role}_policy" for role in DEFAULT_ROUTER)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown router key {unknown[0]!r}; valid keys: "
@@ -96,12 +125,31 @@ class RouterConfig:
         host = data.get("host", "127.0.0.1")
         if not isinstance(host, str) or not host:
             raise ConfigError(f"router host={host!r} must be a non-empty string")
-        return cls(port=port, host=host, **lists)
+        return cls(port=port, host=host, prefill_urls=lists["prefill_urls"],
+                   decode_urls=lists["decode_urls"], aggregated_urls=lists["aggregated_urls"],
+                   prefill_policy=_policy(data, "prefill"),
+                   decode_policy=_policy(data, "decode"),
+                   aggregated_policy=_policy(data, "aggregated"))
+
+    def policy(self, role: str) -> RouterPolicy:
+        """The router policy of `role` (prefill, decode or aggregated)."""
+        return {"prefill": self.prefill_policy, "decode": self.decode_policy,
+                "aggregated": self.aggregated_policy}[role]
 
     @property
     def disaggregated(self) -> bool:
         """Whether requests go prefill then decode."""
         return bool(self.prefill_urls)
+
+
+def _policy(data: Mapping[str, Any], role: str) -> RouterPolicy:
+    """The `<role>_policy` of a router dict (the role's default when absent)."""
+    key = f"{role}_policy"
+    value = data.get(key, DEFAULT_ROUTER[role])
+    if not isinstance(value, str) or value not in POLICIES:
+        raise ConfigError(f"router {key}={value!r} is not a router policy; valid: "
+                          f"{', '.join(POLICIES)}")
+    return cast(RouterPolicy, value)
 
 
 def load_config(path: str | Path) -> RouterConfig:
@@ -117,6 +165,58 @@ def load_config(path: str | Path) -> RouterConfig:
     return RouterConfig.from_dict(data)
 
 
+class Prompt:
+    """What the proxy sees of a request's prompt: its text and that text's chunk keys."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @property
+    def chars(self) -> int:
+        """The prompt's size in the proxy's units (characters)."""
+        return len(self.text)
+
+    @cached_property
+    def keys(self) -> list[int]:
+        """Chained keys of its whole chunks (computed once, when a policy needs them)."""
+        return chunk_keys(self.text)
+
+    @classmethod
+    def of(cls, path: str, body: Mapping[str, Any]) -> Prompt:
+        """The prompt of a completion (`prompt`: text as is, token ids or a batch as compact
+        JSON) or a chat (each message's role and content, in order, so that a later turn's
+        text extends an earlier turn's)."""
+        if path.endswith("/chat/completions"):
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return cls("")
+            return cls("".join(_message_text(m) for m in messages))
+        prompt = body.get("prompt", "")
+        return cls(prompt if isinstance(prompt, str) else _compact(prompt))
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _message_text(message: Any) -> str:
+    """A chat message as its role and content between control separators no text uses."""
+    if not isinstance(message, dict):
+        return "\x1e" + _compact(message)
+    content = message.get("content")
+    text = content if isinstance(content, str) else _compact(content)
+    return f"\x1e{message.get('role', '')}\x1f{text}"
+
+
+def session_of(headers: CIMultiDictProxy[str], body: Mapping[str, Any]) -> str | None:
+    """The request's session: the first SESSION_HEADERS present, else the body's `user`."""
+    for name in SESSION_HEADERS:
+        if headers.get(name):
+            return headers[name]
+    user = body.get("user")
+    return user if isinstance(user, str) and user else None
+
+
 @dataclass
 class Upstream:
     """One engine instance behind the proxy and its requests in flight."""
@@ -124,24 +224,87 @@ class Upstream:
     name: str
     url: str
     outstanding: int = 0
+    """Requests in flight here."""
+    prefilling: int = 0
+    """Prompt characters of the requests here that have had no byte of answer yet."""
+    index: PrefixIndex | None = None
+    """What this instance is predicted to hold (only for a policy that uses a prefix)."""
+
+
+class Flight:
+    """One request at an upstream, as a context manager: in its load until it ends, and in its
+    queued prompt until `answered()` (its first byte back) or its end."""
+
+    def __init__(self, up: Upstream, prompt: Prompt) -> None:
+        self.up = up
+        self.chars = prompt.chars
+        self._queued = False
+
+    def __enter__(self) -> Flight:
+        self.up.outstanding += 1
+        self.up.prefilling += self.chars
+        self._queued = True
+        return self
+
+    def answered(self) -> None:
+        """The first byte of the answer arrived: the prompt is no longer queued there."""
+        if self._queued:
+            self.up.prefilling -= self.chars
+            self._queued = False
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.answered()
+        self.up.outstanding -= 1
+
+
+class Pool:
+    """The instances of one role and the router that picks among them."""
+
+    def __init__(self, role: str, urls: tuple[str, ...], policy: RouterPolicy) -> None:
+        self.role = role
+        self.router = Router(policy)
+        uses_prefix = self.router.policy.uses_prefix
+        self.upstreams = [Upstream(f"{role}-{i}", u, index=PrefixIndex() if uses_prefix else None)
+                          for i, u in enumerate(urls)]
+
+    @property
+    def policy(self) -> str:
+        return self.router.policy.name
+
+    def candidates(self, prompt: Prompt) -> list[Candidate]:
+        """Each instance as the router sees it for this prompt, in the instances' order."""
+        out = []
+        for up in self.upstreams:
+            cached = 0 if up.index is None else up.index.matched(prompt.keys) * CHUNK_CHARS
+            out.append(Candidate(queued_tokens=up.prefilling, requests=up.outstanding,
+                                 cached_tokens=cached, prompt_tokens=prompt.chars))
+        return out
+
+    def pick(self, prompt: Prompt, session: str | None = None) -> Upstream:
+        """The instance the policy chooses; it is then predicted to hold the prompt."""
+        up = self.upstreams[self.router.pick(self.candidates(prompt), session)]
+        if up.index is not None:
+            up.index.add(prompt.keys)
+        return up
 
 
 class Proxy:
-    """The proxy's state (instances, in-flight counts, round-robin position) and handlers."""
+    """The proxy's state (a pool of instances per role, their loads and routers) and handlers."""
 
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self.prefill = [Upstream(f"prefill-{i}", u) for i, u in enumerate(config.prefill_urls)]
-        self.decode = [Upstream(f"decode-{i}", u) for i, u in enumerate(config.decode_urls)]
-        self.aggregated = [Upstream(f"aggregated-{i}", u)
-                           for i, u in enumerate(config.aggregated_urls)]
-        self._next_decode = 0
+        self.pools = {role: Pool(role, urls, config.policy(role)) for role, urls in (
+            ("prefill", config.prefill_urls), ("decode", config.decode_urls),
+            ("aggregated", config.aggregated_urls)) if urls}
+        self.policy_tag = ",".join(f"{r}={p.policy}" for r, p in self.pools.items())
+        """The x-rackplan-policy header of every answer."""
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def upstreams(self) -> list[Upstream]:
         """Every instance, prefill first."""
-        return [*self.prefill, *self.decode, *self.aggregated]
+        return [u for pool in self.pools.values() for u in pool.upstreams]
 
     def app(self) -> web.Application:
         """The aiohttp application (its client session opens and closes with it)."""
@@ -165,19 +328,6 @@ class Proxy:
             raise RuntimeError("the proxy's client session is not open; run it through app()")
         return self._session
 
-    # --- picking instances -------------------------------------------------------------
-
-    @staticmethod
-    def least_outstanding(pool: list[Upstream]) -> Upstream:
-        """The instance with the fewest requests in flight (the first on a tie)."""
-        return min(pool, key=lambda u: u.outstanding)
-
-    def next_decode(self) -> Upstream:
-        """The next decode instance in round-robin order."""
-        up = self.decode[self._next_decode % len(self.decode)]
-        self._next_decode += 1
-        return up
-
     # --- handlers ----------------------------------------------------------------------
 
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
@@ -191,31 +341,30 @@ class Proxy:
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         headers = {"X-Request-Id": rid, **{
             h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}}
+        prompt = Prompt.of(request.path, body)
+        session = session_of(request.headers, body)
         if not self.config.disaggregated:
-            up = self.least_outstanding(self.aggregated)
-            tags = {PREFILL_HEADER: up.name, DECODE_HEADER: up.name, "x-request-id": rid}
-            return await self._stream(request, up, body, headers, tags)
+            up = self.pools["aggregated"].pick(prompt, session)
+            tags = self._tags(rid, up, up)
+            return await self._stream(request, up, prompt, body, headers, tags)
 
-        prefill = self.least_outstanding(self.prefill)
+        prefill = self.pools["prefill"].pick(prompt, session)
         first = {**body, "max_tokens": 1, "stream": False,
                  "kv_transfer_params": dict(REMOTE_DECODE)}
         if "max_completion_tokens" in first:
             first["max_completion_tokens"] = 1
         first.pop("stream_options", None)
-        prefill.outstanding += 1
         try:
-            async with self.session.post(prefill.url + request.path, json=first,
-                                         headers=headers) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    return web.Response(status=resp.status, text=text,
-                                        content_type=resp.content_type,
-                                        headers={PREFILL_HEADER: prefill.name,
-                                                 "x-request-id": rid})
+            with Flight(prefill, prompt):
+                async with self.session.post(prefill.url + request.path, json=first,
+                                             headers=headers) as resp:
+                    text = await resp.text()
+                    if resp.status != 200:
+                        return web.Response(status=resp.status, text=text,
+                                            content_type=resp.content_type,
+                                            headers=self._tags(rid, prefill))
         except aiohttp.ClientError as exc:
             return _error(502, f"{prefill.name} at {prefill.url} failed: {_reason(exc)}")
-        finally:
-            prefill.outstanding -= 1
         try:
             answer = json.loads(text)
         except ValueError:
@@ -224,36 +373,45 @@ class Proxy:
         params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         if params:
             second["kv_transfer_params"] = params
-        decode = self.next_decode()
-        tags = {PREFILL_HEADER: prefill.name, DECODE_HEADER: decode.name, "x-request-id": rid}
-        return await self._stream(request, decode, second, headers, tags)
+        decode = self.pools["decode"].pick(prompt, session)
+        return await self._stream(request, decode, prompt, second, headers,
+                                  self._tags(rid, prefill, decode))
 
-    async def _stream(self, request: web.Request, up: Upstream, body: dict[str, Any],
-                      headers: dict[str, str], tags: dict[str, str]) -> web.StreamResponse:
+    def _tags(self, rid: str, prefill: Upstream, decode: Upstream | None = None
+              ) -> dict[str, str]:
+        """Headers of an answer: who served it, which policies chose them, the request id."""
+        tags = {PREFILL_HEADER: prefill.name, POLICY_HEADER: self.policy_tag,
+                "x-request-id": rid}
+        if decode is not None:
+            tags[DECODE_HEADER] = decode.name
+        return tags
+
+    async def _stream(self, request: web.Request, up: Upstream, prompt: Prompt,
+                      body: dict[str, Any], headers: dict[str, str], tags: dict[str, str]
+                      ) -> web.StreamResponse:
         """Send `body` to `up` and stream its answer back with the `tags` headers."""
-        up.outstanding += 1
         out: web.StreamResponse | None = None
-        try:
-            async with self.session.post(up.url + request.path, json=body,
-                                         headers=headers) as resp:
-                out = web.StreamResponse(status=resp.status, headers=tags)
-                out.content_type = resp.content_type
-                await out.prepare(request)
-                async for chunk in resp.content.iter_any():
-                    await out.write(chunk)
-                await out.write_eof()
+        with Flight(up, prompt) as flight:
+            try:
+                async with self.session.post(up.url + request.path, json=body,
+                                             headers=headers) as resp:
+                    out = web.StreamResponse(status=resp.status, headers=tags)
+                    out.content_type = resp.content_type
+                    await out.prepare(request)
+                    async for chunk in resp.content.iter_any():
+                        flight.answered()
+                        await out.write(chunk)
+                    await out.write_eof()
+                    return out
+            except aiohttp.ClientError as exc:
+                if out is None or not out.prepared:
+                    return _error(502, f"{up.name} at {up.url} failed: {_reason(exc)}", tags)
+                out.force_close()  # the status line is sent: cut the stream short
                 return out
-        except aiohttp.ClientError as exc:
-            if out is None or not out.prepared:
-                return _error(502, f"{up.name} at {up.url} failed: {_reason(exc)}", tags)
-            out.force_close()  # the status line is sent: cut the stream short
-            return out
-        finally:
-            up.outstanding -= 1
 
     async def handle_models(self, request: web.Request) -> web.Response:
         """GET /v1/models, answered by the first decode (or aggregated) instance."""
-        up = (self.decode or self.aggregated)[0]
+        up = self.pools["decode" if self.config.disaggregated else "aggregated"].upstreams[0]
         try:
             async with self.session.get(up.url + "/v1/models") as resp:
                 return web.Response(status=resp.status, body=await resp.read(),
@@ -304,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     port = config.port if args.port is None else args.port
     proxy = Proxy(config)
     names = ", ".join(f"{u.name}={u.url}" for u in proxy.upstreams)
-    print(f"rackplan proxy on http://{config.host}:{port} -> {names}", flush=True)
+    print(f"rackplan proxy on http://{config.host}:{port} -> {names} ({proxy.policy_tag})",
+          flush=True)
     web.run_app(proxy.app(), host=config.host, port=port, print=None,
                 handle_signals=True)
     return 0

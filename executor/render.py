@@ -3,7 +3,8 @@
 One process per host of each instance. A DEP-N instance spans ceil(N / GPUs per host) hosts: the
 first is the head (it serves the API and owns the data-parallel RPC port), the others run
 `--headless` with their slice of data-parallel ranks. P/D roles get NixlConnector with explicit
-producer (prefill) and consumer (decode) roles; the router (our P/D proxy) gets the URLs of both.
+producer (prefill) and consumer (decode) roles; the router (our P/D proxy) gets the URLs of both
+and the plan's router policy of each role.
 
 On the `cpu` hardware (vLLM's CPU build serving the tiny-moe preset) the same layout renders
 with what that build can run: ExampleConnector (KV handed over through a shared folder) with
@@ -74,7 +75,13 @@ class Rendered:
 
     processes: tuple[Process, ...]
     router: dict[str, object]
-    """Proxy configuration: its port, and the prefill and decode (or aggregated) URLs."""
+    """Proxy configuration: its port, the prefill and decode (or aggregated) URLs, and each
+    role's router policy (`prefill_policy`, ...: the plan's, see simulator/specs/routing.py)."""
+
+    @property
+    def router_policies(self) -> dict[str, str]:
+        """The router's `<role>_policy` entries, for backends that write the proxy's config."""
+        return {k: str(v) for k, v in self.router.items() if k.endswith("_policy")}
 
 
 def _compact(obj: object) -> str:
@@ -181,7 +188,8 @@ def render(deployment: Deployment, model_path: str | None = None, base_port: int
             port += 1
             rpc += 1
     router: dict[str, object] = {"port": base_port - 1, **{
-        f"{r}_urls": u for r, u in urls.items()}}
+        f"{r}_urls": u for r, u in urls.items()}, **{
+        f"{r}_policy": role.router_policy(r) for r, role in deployment.roles.items()}}
     return Rendered(tuple(procs), router)
 
 

@@ -169,12 +169,14 @@ class KubernetesBackend(Backend):
                                     "targetPort": "http"}]}}
 
     def router_config(self) -> dict[str, Any]:
-        """The proxy's router.json: each instance's leader by its stable DNS name."""
+        """The proxy's router.json: each instance's leader by its stable DNS name, and the
+        plan's router policy of each role."""
         config: dict[str, Any] = {"port": self.router_port, "host": "0.0.0.0"}
         for layout in self.layouts:
             lws = self.lws_name(layout.role)
             config[f"{layout.role}_urls"] = [f"http://{lws}-{i}.{lws}:{layout.port}"
                                              for i in range(layout.instances)]
+        config.update(self.rendered.router_policies)
         return config
 
     def router_config_map(self) -> dict[str, Any]:

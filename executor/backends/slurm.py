@@ -116,10 +116,13 @@ class SlurmBackend(Backend):
         return "\n".join(lines) + "\n"
 
     def router_script(self) -> str:
-        """The router job: wait for every instance's URL, write router.json, run the proxy."""
+        """The router job: wait for every instance's URL, write router.json (with the plan's
+        router policies), run the proxy."""
         names = [f"{layout.role}-{i}" for layout in self.layouts
                  for i in range(layout.instances)]
-        keys = [f'\\"{layout.role}_urls\\": [%s]' for layout in self.layouts]
+        keys = [f'\\"{layout.role}_urls\\": [%s]' for layout in self.layouts] + [
+            f'\\"{key}\\": \\"{policy}\\"'
+            for key, policy in self.rendered.router_policies.items()]
         lists = " ".join('"$(urls ' + " ".join(f"{layout.role}-{i}" for i in
                                                 range(layout.instances)) + ')"'
                          for layout in self.layouts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from executor.backends.local import LocalBackend, free_base_port, render_local
@@ -29,6 +30,19 @@ def local_rendering(deployment: Deployment, model: str) -> Rendered:
     """The deployment rendered on free local ports."""
     n = sum(r.instances for r in deployment.roles.values())
     return render_local(deployment, model, base_port=free_base_port(n))
+
+
+def serve(deployment: Deployment, model: str, run_dir: Path,
+          ready_timeout_s: float) -> Iterator[LocalBackend]:
+    """The deployment launched on the real engine and ready, torn down after use (a fixture's
+    body: yield from it)."""
+    backend = LocalBackend(local_rendering(deployment, model), run_dir)
+    try:
+        backend.launch()
+        backend.wait_ready(ready_timeout_s)
+        yield backend
+    finally:
+        backend.teardown()
 
 
 def fake_vllm(tmp: Path) -> Path:

@@ -34,6 +34,7 @@ from tests.executor.local_helpers import (
     assert_nothing_left,
     local_rendering,
     plan_deployment,
+    serve,
     with_flag,
 )
 
@@ -85,13 +86,7 @@ def post(url: str, body: dict[str, Any], timeout_s: float = 120) -> tuple[dict[s
 
 
 def deploy(plan: Path, model: str, run_dir: Path) -> Iterator[LocalBackend]:
-    backend = LocalBackend(local_rendering(plan_deployment(plan), model), run_dir)
-    try:
-        backend.launch()
-        backend.wait_ready(READY_TIMEOUT_S)
-        yield backend
-    finally:
-        backend.teardown()
+    yield from serve(plan_deployment(plan), model, run_dir, READY_TIMEOUT_S)
 
 
 def check_answers(backend: LocalBackend, model: str, decode: str) -> None:

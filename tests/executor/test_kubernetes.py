@@ -185,6 +185,8 @@ def test_role_services_select_leaders_and_the_router_reaches_every_instance(tmp_
     assert config["prefill_urls"] == [f"http://dsv3-prefill-{i}.dsv3-prefill:8100"
                                       for i in range(4)]
     assert config["decode_urls"] == ["http://dsv3-decode-0.dsv3-decode:8104"]
+    assert (config["prefill_policy"], config["decode_policy"]) == ("prefix_aware",
+                                                                   "least_requests")
     RouterConfig.from_dict(config)  # the proxy accepts it as it is
     (router,) = by_kind(objs, "Deployment")
     pod = router["spec"]["template"]["spec"]

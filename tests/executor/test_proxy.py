@@ -1,4 +1,6 @@
-"""executor/proxy: the P/D protocol against fake upstream instances (in-process aiohttp)."""
+"""executor/proxy: the P/D protocol against fake upstream instances (in-process aiohttp), and
+its routing: the plan's policy per role (simulator/specs/routing.py) over each role's instances,
+with the proxy's approximate prefix index and session keys."""
 
 from __future__ import annotations
 
@@ -15,8 +17,20 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from executor.proxy import REMOTE_DECODE, ConfigError, Proxy, RouterConfig, load_config
+from executor.prefix_index import CHUNK_CHARS, PrefixIndex, chunk_keys
+from executor.proxy import (
+    REMOTE_DECODE,
+    ConfigError,
+    Pool,
+    Prompt,
+    Proxy,
+    RouterConfig,
+    load_config,
+    session_of,
+)
+from simulator.specs.routing import DEFAULT_ROUTER, POLICIES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,9 +93,11 @@ Scenario = Callable[[TestClient, dict[str, Fake]], Awaitable[None]]
 
 
 def run(names: list[str], scenario: Scenario, statuses: dict[str, int] | None = None,
-        extra: dict[str, list[str]] | None = None) -> None:
+        extra: dict[str, list[str]] | None = None, policies: dict[str, str] | None = None
+        ) -> None:
     """Start fakes for `names` (prefill-i, decode-i, aggregated-i), a proxy in front, and run
-    `scenario(client, fakes)`. `extra` adds URLs (e.g. a closed port) per role."""
+    `scenario(client, fakes)`. `extra` adds URLs (e.g. a closed port) per role; `policies`
+    sets router policies ({"decode_policy": "round_robin"})."""
 
     async def main() -> None:
         fakes = {n: Fake(n, (statuses or {}).get(n, 200)) for n in names}
@@ -93,7 +109,7 @@ def run(names: list[str], scenario: Scenario, statuses: dict[str, int] | None = 
                 str(f.server.make_url("")).rstrip("/"))
         for key, more in (extra or {}).items():
             urls.setdefault(key, []).extend(more)
-        proxy = Proxy(RouterConfig.from_dict({"port": 0, **urls}))
+        proxy = Proxy(RouterConfig.from_dict({"port": 0, **urls, **(policies or {})}))
         async with TestClient(TestServer(proxy.app(), host="127.0.0.1")) as client:
             try:
                 await scenario(client, fakes)
@@ -119,6 +135,7 @@ def test_pd_request_prefills_with_one_token_then_decodes_with_the_prefill_params
         assert resp.headers["x-rackplan-prefill"] == "prefill-0"
         assert resp.headers["x-rackplan-decode"] == "decode-0"
         assert resp.headers["x-request-id"] == "r-1"
+        assert resp.headers["x-rackplan-policy"] == "prefill=prefix_aware,decode=least_requests"
         got = events(await resp.text())
         assert [e["from"] for e in got] == ["decode-0", "decode-0"]
         assert got[1]["kv"] == {"remote_engine_id": "prefill-0", "remote_block_ids": [1]}
@@ -152,7 +169,7 @@ def test_chat_route_caps_max_completion_tokens_on_prefill():
     run(["prefill-0", "decode-0"], scenario)
 
 
-def test_decode_is_round_robin():
+def test_decode_round_robin_when_the_plan_says_so_else_least_requests():
     async def scenario(client: TestClient, fakes: dict[str, Fake]) -> None:
         order = []
         for _ in range(4):
@@ -162,7 +179,16 @@ def test_decode_is_round_robin():
         assert order == ["decode-0", "decode-1", "decode-0", "decode-1"]
         assert len(fakes["decode-0"].seen) == len(fakes["decode-1"].seen) == 2
 
-    run(["prefill-0", "decode-0", "decode-1"], scenario)
+    run(["prefill-0", "decode-0", "decode-1"], scenario,
+        policies={"decode_policy": "round_robin"})
+
+    async def default(client: TestClient, fakes: dict[str, Fake]) -> None:
+        for _ in range(3):  # one at a time: every decode instance idle, the tie to the first
+            resp = await client.post("/v1/completions", json={"prompt": "p", "stream": True})
+            await resp.read()
+            assert resp.headers["x-rackplan-decode"] == "decode-0"
+
+    run(["prefill-0", "decode-0", "decode-1"], default)
 
 
 def test_prefill_goes_to_the_instance_with_fewest_outstanding_requests():
@@ -300,3 +326,182 @@ def test_cli_bad_config_is_one_line_and_exit_2(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {path}: the top level must be a JSON object"
+
+
+# --- routing -------------------------------------------------------------------------------
+
+TURN_1 = "rackplan turn one: " + "the planner prices each deployment step by step. " * 12
+"""A first turn several chunks long (CHUNK_CHARS each)."""
+TURN_2 = TURN_1 + " an answer from the engine. user: and now the decode side?"
+"""The second turn: the first turn's prompt, its answer and a new message."""
+OTHER = "another session entirely: " + "the executor renders every vllm serve process. " * 13
+"""A different prompt about as long as TURN_2."""
+
+
+async def until_seen(fake: Fake, n: int) -> None:
+    """Wait until `fake` has received `n` requests (it may be holding them)."""
+    for _ in range(500):
+        if len(fake.seen) >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{fake.name} saw {len(fake.seen)} requests, expected {n}")
+
+
+def pool(policy: str, loads: list[tuple[int, int]]) -> Pool:
+    """A prefill pool of two instances with hand-made loads: (requests, queued chars) each."""
+    out = Pool("prefill", ("http://a:1", "http://b:1"), policy)  # type: ignore[arg-type]
+    for up, (requests, queued) in zip(out.upstreams, loads, strict=True):
+        up.outstanding, up.prefilling = requests, queued
+    return out
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("least_requests", "prefill-1"),  # 1 request against 3
+    ("least_tokens", "prefill-0"),  # 40 queued characters against 400
+    ("prefix_aware", "prefill-1"),  # all of the prompt to compute at 0, little at 1
+    ("session_affinity", "prefill-1"),  # no session yet: prefix_aware's cost
+    ("round_robin", "prefill-0"),  # the first in turn
+])
+def test_each_policy_picks_as_the_table_says(policy: str, expected: str):
+    p = pool(policy, [(3, 40), (1, 400)])
+    prompt = Prompt(TURN_2)
+    if p.upstreams[1].index is not None:
+        p.upstreams[1].index.add(Prompt(TURN_1).keys)  # prefill-1 served the first turn
+    assert p.pick(prompt).name == expected
+
+
+def test_prefix_aware_weighs_the_cached_prefix_against_the_queue():
+    prompt = Prompt(TURN_2)
+    cached = len(TURN_1) // CHUNK_CHARS * CHUNK_CHARS
+    # prefill-0: all of the prompt to compute; prefill-1: the uncached rest plus its queue.
+    for queued, expected in ((cached - 1, "prefill-1"), (cached + 1, "prefill-0")):
+        p = pool("prefix_aware", [(0, 0), (0, queued)])
+        assert p.upstreams[1].index is not None
+        p.upstreams[1].index.add(Prompt(TURN_1).keys)
+        (c0, c1) = p.candidates(prompt)
+        assert (c0.cached_tokens, c1.cached_tokens) == (0, cached)
+        assert c1.prompt_tokens == len(TURN_2) and c1.queued_tokens == queued
+        assert p.pick(prompt).name == expected
+
+
+def test_round_robin_alternates_whatever_the_load():
+    p = pool("round_robin", [(0, 0), (9, 900)])
+    assert [p.pick(Prompt("x")).name for _ in range(3)] == ["prefill-0", "prefill-1",
+                                                            "prefill-0"]
+    assert p.upstreams[0].index is None  # no prefix index for a policy that needs none
+
+
+def test_prefix_aware_keeps_a_conversation_on_its_instance_and_spreads_the_rest():
+    async def scenario(client: TestClient, fakes: dict[str, Fake]) -> None:
+        resp = await client.post("/v1/completions", json={"prompt": TURN_1})
+        assert resp.headers["x-rackplan-prefill"] == "prefill-0"  # both empty: the first
+        await resp.read()
+        fakes["prefill-0"].hold = asyncio.Event()  # prefill-0 now busy with a short prompt
+        busy = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "hi"}))
+        await until_seen(fakes["prefill-0"], 2)
+        resp = await client.post("/v1/completions", json={"prompt": OTHER})
+        assert resp.headers["x-rackplan-prefill"] == "prefill-1"  # the less loaded one
+        await resp.read()
+        turn_2 = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": TURN_2}))
+        await until_seen(fakes["prefill-0"], 3)  # busy or not, it holds the first turn
+        fakes["prefill-0"].hold.set()
+        for task in (busy, turn_2):
+            resp = await task
+            assert resp.headers["x-rackplan-prefill"] == "prefill-0"
+            await resp.read()
+        assert [body["prompt"] for _, body, _ in fakes["prefill-0"].seen] == [
+            TURN_1, "hi", TURN_2]
+
+    run(["prefill-0", "prefill-1", "decode-0"], scenario)
+
+
+def test_session_affinity_keeps_a_session_where_round_robin_alternates():
+    async def turns(client: TestClient, fakes: dict[str, Fake]) -> list[str]:
+        """A session's first turn while aggregated-0 is busy, then three idle turns."""
+        fakes["aggregated-0"].hold = asyncio.Event()
+        busy = asyncio.ensure_future(client.post("/v1/completions",
+                                                 json={"prompt": "busy", "stream": True}))
+        await until_seen(fakes["aggregated-0"], 1)
+        where = []
+        for n in range(4):
+            resp = await client.post("/v1/completions", json={"prompt": f"turn {n}"},
+                                     headers={"X-Session-ID": "s-1"})
+            where.append(resp.headers["x-rackplan-prefill"])
+            await resp.read()
+            fakes["aggregated-0"].hold.set()
+        await (await busy).read()
+        return where
+
+    async def affinity(client: TestClient, fakes: dict[str, Fake]) -> None:
+        assert await turns(client, fakes) == ["aggregated-1"] * 4
+        resp = await client.post("/v1/completions", json={"prompt": "no session"})
+        assert resp.headers["x-rackplan-prefill"] == "aggregated-0"  # by cost: idle, first
+        assert resp.headers["x-rackplan-policy"] == "aggregated=session_affinity"
+
+    async def round_robin(client: TestClient, fakes: dict[str, Fake]) -> None:
+        assert await turns(client, fakes) == ["aggregated-1", "aggregated-0",
+                                              "aggregated-1", "aggregated-0"]
+
+    names = ["aggregated-0", "aggregated-1"]
+    run(names, affinity, policies={"aggregated_policy": "session_affinity"})
+    run(names, round_robin, policies={"aggregated_policy": "round_robin"})
+
+
+def test_session_comes_from_the_first_header_present_else_the_user_field():
+    def headers(**items: str) -> CIMultiDictProxy[str]:
+        return CIMultiDictProxy(CIMultiDict({k.replace("_", "-"): v for k, v in items.items()}))
+
+    both = headers(x_correlation_id="c", x_dynamo_session_id="d")
+    assert session_of(both, {"user": "u"}) == "c"
+    assert session_of(headers(x_session_id="s", x_correlation_id="c"), {}) == "s"
+    assert session_of(headers(x_dynamo_session_id="d"), {}) == "d"
+    assert session_of(headers(), {"user": "u"}) == "u"
+    assert session_of(headers(), {"user": 7}) is None and session_of(headers(), {}) is None
+
+
+def test_a_later_chat_turn_extends_the_first_turns_prompt():
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    later = [*first, {"role": "assistant", "content": "hi"},
+             {"role": "user", "content": [{"type": "text", "text": "more"}]}]
+    a = Prompt.of("/v1/chat/completions", {"messages": first}).text
+    b = Prompt.of("/v1/chat/completions", {"messages": later}).text
+    assert b.startswith(a) and "be brief" in a and "assistant" in b and len(b) > len(a)
+    assert Prompt.of("/v1/completions", {"prompt": [1, 2, 3]}).text == "[1,2,3]"
+    assert Prompt.of("/v1/chat/completions", {"messages": "bad"}).text == ""
+
+
+def test_chunk_keys_are_chained_and_cover_whole_chunks_only():
+    a = "a" * CHUNK_CHARS
+    keys = chunk_keys(a * 3 + "tail")
+    assert len(keys) == 3 and len(set(keys)) == 3  # same text, different prefixes
+    assert chunk_keys(a * 2) == keys[:2] and chunk_keys("b" + a * 3)[:1] != keys[:1]
+    assert chunk_keys(a[:-1]) == []
+
+
+def test_prefix_index_is_bounded_and_forgets_the_least_recent_tails_first():
+    index = PrefixIndex(capacity=4)
+    old, new = chunk_keys("o" * CHUNK_CHARS * 3), chunk_keys("n" * CHUNK_CHARS * 3)
+    index.add(old)
+    assert index.matched(old) == 3 and index.matched(new) == 0
+    index.add(new)
+    assert len(index) == 4
+    assert index.matched(new) == 3 and index.matched(old) == 1  # old lost its tail first
+
+
+def test_default_policies_are_the_tables():
+    config = RouterConfig.from_dict({"port": 1, "prefill_urls": ["http://a:1"],
+                                     "decode_urls": ["http://b:1"]})
+    assert {r: config.policy(r) for r in DEFAULT_ROUTER} == DEFAULT_ROUTER
+    config = RouterConfig.from_dict({"port": 1, "aggregated_urls": ["http://a:1"],
+                                     "aggregated_policy": "least_tokens"})
+    assert Proxy(config).policy_tag == "aggregated=least_tokens"
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("prefill_policy", "fastest"), ("decode_policy", 3), ("aggregated_policy", None)])
+def test_an_unknown_policy_is_refused_naming_the_valid_ones(key: str, value: Any):
+    data = {"port": 1, "aggregated_urls": ["http://a:1"], key: value}
+    with pytest.raises(ConfigError) as err:
+        RouterConfig.from_dict(data)
+    assert str(err.value) == (f"router {key}={value!r} is not a router policy; valid: "
+                              f"{', '.join(POLICIES)}")

@@ -46,6 +46,16 @@ def test_pd_roles_are_nixl_producer_and_consumer_and_the_router_knows_both():
              for p in r.processes}
     assert roles == {"prefill": "kv_producer", "decode": "kv_consumer"}
     assert len(r.router["prefill_urls"]) == 4 and len(r.router["decode_urls"]) == 1
+    assert r.router_policies == {"prefill_policy": "prefix_aware",
+                                 "decode_policy": "least_requests"}  # the defaults
+
+
+def test_the_router_carries_the_plans_policy_of_each_role():
+    d = Deployment(model="deepseek-v3", hardware="h200",
+                   aggregated=RoleSpec(dep=8, instances=2, router="session_affinity"))
+    r = render(d)
+    assert r.router["aggregated_policy"] == "session_affinity"
+    assert r.router_policies == {"aggregated_policy": "session_affinity"}
 
 
 def test_eplb_and_mtp_flags():

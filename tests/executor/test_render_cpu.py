@@ -38,7 +38,8 @@ def test_cpu_pd_roles_hand_kv_over_a_shared_folder_with_explicit_roles():
         assert "--gpu-memory-utilization" not in p.argv
         assert int(flag(p.argv, "--kv-cache-memory-bytes") or 0) > 0
     assert r.router == {"port": 8099, "prefill_urls": ["http://host0:8100"],
-                        "decode_urls": ["http://host1:8101"]}
+                        "decode_urls": ["http://host1:8101"],
+                        "prefill_policy": "prefix_aware", "decode_policy": "least_requests"}
 
 
 def test_cpu_aggregated_has_no_connector():

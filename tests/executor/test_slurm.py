@@ -127,7 +127,8 @@ def test_router_job_writes_router_json_from_the_instances_urls_and_runs_the_prox
     config = json.loads((folder / "router.json").read_text())
     assert config == {"port": 8099, "host": "0.0.0.0",
                       "prefill_urls": [f"http://p{i}:8100" for i in range(4)],
-                      "decode_urls": ["http://d0:8104"]}
+                      "decode_urls": ["http://d0:8104"],
+                      "prefill_policy": "prefix_aware", "decode_policy": "least_requests"}
     RouterConfig.from_dict(config)
     assert (folder / "proxy.args").read_text() == "-m executor.proxy --config router.json\n"
     assert backend.url == f"http://{socket.gethostname()}:8099"

@@ -2,8 +2,12 @@
 
 An SLO bounds one metric of a `simulate --json` object: latency keys (``ttft_p90_ms``,
 ``tpot_p50_ms``, ``itl_p99_ms``...) from above, tokens per second per user (``tok_s_user_p90``...)
-from below. `parse_slo` reads the CLI form ``NAME=VALUE`` (``NAME<=VALUE`` / ``NAME>=VALUE`` also
-accepted when the direction matches the metric), `load_slo_file` a YAML mapping of the same.
+from below. A bound at pNN holds for NN % of requests: ``ttft_p90_ms <= 2000`` means 90 % of
+requests see their first token within 2 s, and ``tok_s_user_p90 >= 196`` means 90 % of requests
+get at least 196 tokens/s, i.e. the slow tail: 1000 / TPOT p90 (not the 90th percentile of
+per-request speed, which is the fast tail). `parse_slo` reads the CLI form ``NAME=VALUE``
+(``NAME<=VALUE`` / ``NAME>=VALUE`` also accepted when the direction matches the metric),
+`load_slo_file` a YAML mapping of the same.
 
 Two objectives: ``slo`` maximizes throughput per GPU among plans that meet every SLO; ``pareto``
 keeps the front of throughput per GPU against median tokens/s per user, also among plans that
@@ -144,7 +148,8 @@ def merge_slos(slos: Iterable[SLO]) -> tuple[SLO, ...]:
 
 def metric_value(metrics: Mapping[str, Any], name: str) -> float | None:
     """A flat metric name's value in a `simulate --json` object: ttft_p90_ms ->
-    metrics["ttft_ms"]["p90"], tok_s_user_p50 -> metrics["tok_s_user"]["p50"]; plain keys as
+    metrics["ttft_ms"]["p90"], tok_s_user_p90 -> 1000 / metrics["tpot_ms"]["p90"] (the speed
+    90 % of requests reach), tok_s_user_mean -> metrics["tok_s_user"]["mean"]; plain keys as
     they are. None when absent or not finite."""
     value: Any
     if name in metrics:
@@ -153,7 +158,12 @@ def metric_value(metrics: Mapping[str, Any], name: str) -> float | None:
         family, stat = name[: -len("_ms")].rsplit("_", 1)
         value = (metrics.get(f"{family}_ms") or {}).get(stat)
     elif name.startswith("tok_s_user_"):
-        value = (metrics.get("tok_s_user") or {}).get(name[len("tok_s_user_"):])
+        stat = name[len("tok_s_user_"):]
+        tpot = (metrics.get("tpot_ms") or {}).get(stat) if stat != "mean" else None
+        if isinstance(tpot, int | float) and tpot > 0:
+            value = 1000.0 / tpot  # the speed NN % of requests reach at least
+        else:
+            value = (metrics.get("tok_s_user") or {}).get(stat)
     else:
         value = None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

@@ -16,6 +16,7 @@ loop: X solves users = X x (TTFT + output x TPOT + think time); open loop: X is 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -24,9 +25,12 @@ import numpy as np
 from simulator.calibration.serving import ServingOverhead
 from simulator.cost.step import Batch, Instance, step_time
 from simulator.des.prefix_cache import BLOCK_TOKENS
+from simulator.des.replay import load_corpus
+from simulator.des.sessions import SessionTrace
 from simulator.resolve import Resolved
 from simulator.specs.errors import SpecError
-from simulator.specs.workload import ClosedArrival, TraceArrival, Workload
+from simulator.specs.routing import POLICIES
+from simulator.specs.workload import ClosedArrival, SessionsArrival, TraceArrival, Workload
 
 SATURATED_TTFT_MS = 1e7
 """TTFT reported when an open-loop rate exceeds the deployment's capacity (queues grow)."""
@@ -51,11 +55,14 @@ class Traffic:
     rate: float | None
     """Open loop: requests per second; None for closed loop."""
 
-    def cached(self, instances: int) -> float:
-        """Cached prompt tokens when requests spread over `instances` prefix caches (a session
-        finds its previous turn's cache on the same instance about 1/instances of the time)."""
+    def cached(self, places: int, policy: str) -> float:
+        """Cached prompt tokens when requests spread over `places` prefix caches: a router that
+        knows where KV lives sends a session's turn to its previous turn's cache; any other
+        finds it there about 1/places of the time."""
         if self.session_cached:
-            return self.session_cached / max(instances, 1)
+            if POLICIES[policy].uses_prefix:
+                return self.session_cached
+            return self.session_cached / max(places, 1)
         return self.hit_rate * self.prompt
 
 
@@ -66,8 +73,10 @@ def traffic(workload: Workload) -> Traffic:
         raise SpecError("the screen cannot estimate trace arrivals; search without screening")
     if workload.mode != "serve":
         raise SpecError(f"search needs workload mode 'serve', not {workload.mode!r}")
-    new, out = workload.input_tokens.mean, workload.output_tokens.mean
     a = workload.arrival
+    if isinstance(a, SessionsArrival):
+        return _session_traffic(a, load_corpus(a, workload.seed))
+    new, out = workload.input_tokens.mean, workload.output_tokens.mean
     users = a.concurrency if isinstance(a, ClosedArrival) else None
     rate = None if isinstance(a, ClosedArrival) else float(a.rate)
     s = workload.sessions
@@ -77,6 +86,30 @@ def traffic(workload: Workload) -> Traffic:
     cached = [0.0] + [max(p - BLOCK_TOKENS / 2, 0.0) for p in prompts[:-1]]
     return Traffic(float(np.mean(prompts)), float(np.mean(cached)), 0.0, out,
                    s.think_time_s * (s.turns - 1) / s.turns, users, rate)
+
+
+def _session_traffic(a: SessionsArrival, corpus: list[SessionTrace]) -> Traffic:
+    """Means over every turn of the corpus (the measured mix of lanes replaying it): the cached
+    part is what the agent's previous turn left (its whole prompt but the last partial block);
+    users are the lanes times the requests a tree keeps in flight or thinking, from the
+    recorded service and think times over the root's span."""
+    prompts, cached, outs, thinks = [], [], [], []
+    busy = span = 0.0
+    for trace in corpus:
+        block = trace.block_tokens
+        span += max(trace.root.turns[-1].t_s + (trace.root.turns[-1].api_s or 0.0), 1e-3)
+        for agent in trace.agents:
+            before = 0
+            for turn in agent.turns:
+                prompts.append(turn.input_len)
+                cached.append(max(min(before, turn.input_len - 1), 0))
+                before = turn.input_len // block * block
+                outs.append(turn.output_len)
+                thinks.append(turn.think_s)
+                busy += (turn.api_s or 0.0) + turn.think_s
+    users = max(round(a.concurrency * max(busy / span, 1.0)), a.concurrency)
+    return Traffic(float(np.mean(prompts)), float(np.mean(cached)), 0.0, float(np.mean(outs)),
+                   float(np.mean(thinks)), users, None)
 
 
 class Screen:
@@ -131,6 +164,12 @@ class Screen:
             "keeps_up": bool(model.prefill_load(x) < 1.0 and not saturated),
             "request_rate": x, "decode_batch": b,
         }
+
+
+def _kv_cost(resolved: Resolved) -> Callable[[float], float]:
+    """KV pool tokens a request of a given context takes (windows, compressed entries)."""
+    p = resolved.deployment.precision
+    return resolved.model.kv_token_cost(p.kv_cache, p.indexer_cache)
 
 
 def _instance_key(inst: Instance) -> tuple[Any, ...]:
@@ -199,10 +238,11 @@ class _Disaggregated(_Model):
         self.pre_ranks = pre.spec.instances * self.pre.dp
         self.dec_ranks = dec.spec.instances * self.dec.dp
         self.output, self.accepted = t.output, _accepted(self.dec)
-        self.cached = min(t.cached(pre.spec.instances), t.prompt)
+        self.cached = min(t.cached(self.pre_ranks, pre.spec.router_policy("prefill")),
+                          t.prompt)
         self.uncached = max(t.prompt - self.cached, 1.0)
         context = t.prompt + t.output / 2
-        kv_cap = dec.memory.kv_tokens / (t.prompt + t.output)
+        kv_cap = dec.memory.kv_tokens / _kv_cost(resolved)(t.prompt + t.output)
         self.cap = max(min(float(dec.spec.max_num_seqs), kv_cap), 0.0)
         self.bs = _grid(max(self.cap, 1.0), 1.0, 2.0)
         self.ts = np.array([screen.step_ms(self.dec, resolved, b, context, 0, 0) / 1e3
@@ -261,11 +301,12 @@ class _Aggregated(_Model):
         inst = self.inst = role.instance
         self.ranks = role.spec.instances * inst.dp
         self.output, self.accepted = t.output, _accepted(inst)
-        self.cached = min(t.cached(role.spec.instances), t.prompt)
+        self.cached = min(t.cached(self.ranks, role.spec.router_policy("aggregated")),
+                          t.prompt)
         self.uncached = max(t.prompt - self.cached, 1.0)
         context = t.prompt + t.output / 2
         self.budget = float(role.spec.max_num_batched_tokens)
-        kv_cap = role.memory.kv_tokens / (t.prompt + t.output)
+        kv_cap = role.memory.kv_tokens / _kv_cost(resolved)(t.prompt + t.output)
         self.cap = max(min(float(role.spec.max_num_seqs), kv_cap), 0.0)
         self.bs = _grid(max(self.cap, 1.0), 1.0, 2.0)
         self.ts = np.array([screen.step_ms(inst, resolved, b, context, 0, 0) / 1e3

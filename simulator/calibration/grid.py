@@ -9,6 +9,7 @@ and gives back a measured point exactly.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from itertools import product
 
@@ -39,6 +40,16 @@ class Grid:
     """Measured cells in log-axis space, for nearest-point fallback."""
     cells: tuple[np.ndarray, ...]
     """Grid indices of the measured cells, aligned with the tree's points."""
+
+    @functools.cached_property
+    def _log_axes(self) -> tuple[np.ndarray, ...]:
+        return tuple(np.log(ax) for ax in self.axes)
+
+    @functools.cached_property
+    def _corners(self) -> np.ndarray:
+        """The 2^d corners of a cell as 0/1 rows (bool), axis order."""
+        return np.array(list(product((0, 1), repeat=len(self.axes))), dtype=bool).reshape(
+            -1, len(self.axes))
 
     @classmethod
     def build(cls, points: np.ndarray, latency: np.ndarray, roofline: np.ndarray) -> Grid:
@@ -74,28 +85,27 @@ class Grid:
         hi = np.empty((q, d), dtype=np.intp)
         t = np.empty((q, d))
         outside = np.zeros(q, dtype=bool)
-        for j, ax in enumerate(self.axes):
-            x = np.log(points[:, j])
-            la = np.log(ax)
-            if len(ax) == 1:
+        logs = np.log(points)
+        for j, la in enumerate(self._log_axes):
+            x = logs[:, j]
+            if len(la) == 1:
                 lo[:, j] = hi[:, j] = 0
                 t[:, j] = 0.0
-                outside |= ~np.isclose(x, la[0], rtol=0, atol=1e-9)
+                outside |= np.abs(x - la[0]) > 1e-9
                 continue
-            h = np.clip(np.searchsorted(la, x), 1, len(ax) - 1)
+            h = np.clip(np.searchsorted(la, x), 1, len(la) - 1)
             lo[:, j], hi[:, j] = h - 1, h
             tj = (x - la[h - 1]) / (la[h] - la[h - 1])
             outside |= (tj < -1e-9) | (tj > 1 + 1e-9)
             t[:, j] = np.clip(tj, 0.0, 1.0)
-        acc = np.zeros(q)
-        wsum = np.zeros(q)
-        for corner in product((0, 1), repeat=d):
-            idx = tuple(np.where(c, hi[:, j], lo[:, j]) for j, c in enumerate(corner))
-            w = np.prod([np.where(c, t[:, j], 1 - t[:, j]) for j, c in enumerate(corner)], axis=0)
-            v = self.log_eff[idx]
-            ok = ~np.isnan(v) & (w > 0)
-            acc += np.where(ok, w * np.nan_to_num(v), 0.0)
-            wsum += np.where(ok, w, 0.0)
+        # every corner of every query's cell at once: (corners, q, d)
+        corners = self._corners[:, None, :]
+        idx = np.where(corners, hi[None], lo[None])
+        w = np.where(corners, t[None], 1.0 - t[None]).prod(axis=2)
+        v = self.log_eff[tuple(idx[..., j] for j in range(d))]
+        ok = ~np.isnan(v) & (w > 0)
+        acc = np.where(ok, w * np.where(ok, v, 0.0), 0.0).sum(axis=0)
+        wsum = np.where(ok, w, 0.0).sum(axis=0)
         code = np.where(outside, EXTRAPOLATED, INTERPOLATED)
         log_eff = np.empty(q)
         have = wsum > 1e-12

@@ -1,5 +1,6 @@
 """SLOs (parsing, files, checks), objectives and the Pareto front."""
 
+import numpy as np
 import pytest
 
 from planner.objectives import (
@@ -76,6 +77,20 @@ def test_metric_values_and_violations():
     assert SLO("itl_p90_ms", 10).violation(m) == 1.0  # missing counts as missed
     assert objective_values(m, "pareto") == [900, 40]
     assert set(slo_metric_names()) >= {"ttft_p90_ms", "tpot_p99_ms", "tok_s_user_p90"}
+
+
+def test_a_speed_bound_at_p90_holds_for_90_percent_of_requests():
+    # ten requests at 10..100 ms per output token: 1000/TPOT gives 100..10 tokens/s
+    tpot = np.arange(10.0, 101.0, 10.0)
+    m = {"tpot_ms": {"p50": float(np.percentile(tpot, 50)),
+                     "p90": float(np.percentile(tpot, 90))},
+         "tok_s_user": {"p90": float(np.percentile(1000 / tpot, 90)), "mean": 29.0}}
+    floor = metric_value(m, "tok_s_user_p90")
+    assert floor == pytest.approx(1000 / 91.0)  # the slow tail, not the fast one (~55 tok/s)
+    assert np.mean(1000 / tpot >= floor - 1e-9) >= 0.9
+    assert metric_value(m, "tok_s_user_mean") == 29.0
+    assert meets(m, (SLO("tok_s_user_p90", 10.9),))
+    assert not meets(m, (SLO("tok_s_user_p90", 20),))
 
 
 def test_pareto_front():

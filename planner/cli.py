@@ -24,6 +24,7 @@ from app.cli import register as register_ui
 from executor.cli import register as register_executor
 from kernels.cli import register as register_calibrate
 from planner import defaults
+from planner.objectives import metric_value
 from simulator.specs.errors import SpecError
 
 EXIT_BAD_INPUT = 2
@@ -152,11 +153,19 @@ def _print_metrics(m: dict[str, Any]) -> None:
         ("TTFT p50 / p90 / p99", _pct(m["ttft_ms"], "ms")),
         ("TPOT p50 / p90 / p99", _pct(m["tpot_ms"], "ms")),
         ("ITL p50 / p90 / p99", _pct(m["itl_ms"], "ms")),
-        ("tokens/s per user p50 / p90", " / ".join(_num(m["tok_s_user"][k], ",.1f")
-                                                   for k in ("p50", "p90"))),
+        ("tokens/s per user: median / 90 % of requests at least", " / ".join(
+            _num(metric_value(m, f"tok_s_user_{k}"), ",.1f") for k in ("p50", "p90"))),
         ("expert imbalance (max-mean)/mean", _num(m["expert_imbalance"], ".3f")),
         ("$ per million tokens", _num(m["cost_per_mtok_usd"], ".3f")),
     ]
+    inputs = m["cached_input_tokens"] + m["uncached_input_tokens"]
+    if m["cached_input_tokens"]:
+        rows.append(("input tokens from the prefix cache",
+                     f"{_num(m.get('cache_hit_share'), '.1%')} of {inputs:,}"))
+    if m.get("host_loaded_tokens"):
+        rows.append(("of which loaded from the host tier", f"{m['host_loaded_tokens']:,}"))
+    if m.get("warmup_requests"):
+        rows.append(("warmup turns (not in these figures)", f"{m['warmup_requests']:,}"))
     for k, v in rows:
         t.add_row(k, v)
     share = ", ".join(f"{k} {_num(v, '.0%')}" for k, v in m["step_breakdown"].items())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ import numpy as np
 from simulator.calibration.serving import ServingOverhead
 from simulator.cost.step import Batch, Instance, step_time
 from simulator.des.prefix_cache import BLOCK_TOKENS
+from simulator.des.pricing import instance_key
 from simulator.des.replay import load_corpus
 from simulator.des.sessions import SessionTrace
 from simulator.resolve import Resolved
@@ -124,7 +125,7 @@ class Screen:
             prefill: float, cached: float) -> float:
         """Step ms of `inst` with `decode` requests at `context` and `prefill` new tokens after
         `cached` ones, on every rank (memoized)."""
-        key = (_instance_key(inst), round(decode, 2), round(context), round(prefill),
+        key = (instance_key(inst), round(decode, 2), round(context), round(prefill),
                round(cached))
         if key not in self._memo:
             z = np.zeros(inst.dp)
@@ -170,12 +171,6 @@ def _kv_cost(resolved: Resolved) -> Callable[[float], float]:
     """KV pool tokens a request of a given context takes (windows, compressed entries)."""
     p = resolved.deployment.precision
     return resolved.model.kv_token_cost(p.kv_cache, p.indexer_cache)
-
-
-def _instance_key(inst: Instance) -> tuple[Any, ...]:
-    """What prices an instance's steps, hashable (model and hardware by name)."""
-    return (inst.model.name, inst.hardware.name, *(
-        getattr(inst, f.name) for f in fields(inst) if f.name not in ("model", "hardware")))
 
 
 def _stats(v: float) -> dict[str, float]:

@@ -26,6 +26,7 @@ from simulator.specs.deployment import (
     Precision,
     RoleSpec,
     Speculative,
+    uses_mega_moe,
 )
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import load_hardware
@@ -71,8 +72,9 @@ class SearchSpace:
     """MTP draft tokens (0: off); only (0,) for a model without MTP layers."""
     mtp_acceptance: float = 0.7
     """Assumed acceptance of each MTP draft token (a property of model and traffic)."""
-    all2all: tuple[All2AllBackend, ...] = ("deepep_low_latency", "allgather_reducescatter")
-    """MoE token exchange tried on decode and aggregated instances; prefill keeps the default."""
+    all2all: tuple[All2AllBackend | None, ...] = ("deepep_low_latency", "allgather_reducescatter")
+    """MoE token exchange tried on decode and aggregated instances (None: the engine's own
+    choice, which is MegaMoE where it runs); prefill keeps the default."""
     dbo: tuple[bool, ...] = (False, True)
     """Dual-batch overlap tried per role (vLLM --enable-dbo); only where the role's all2all
     backend runs it."""
@@ -105,7 +107,7 @@ def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise SpecError(f"--gpus={gpus!r} must be a whole number of GPUs >= 1")
     spec, hw = load_model(model), load_hardware(hardware)
-    precision = precision or Precision()
+    precision = precision or native_precision(spec)
     mnbt = min(choices.get("max_num_batched_tokens", SearchSpace.max_num_batched_tokens))
     topology = Topology.build(hw, gpus)
     deps, redundant, why = [], {}, ""
@@ -128,6 +130,9 @@ def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
         raise SpecError(f"{model} fits no DEP size on {gpus} x {hardware}: {why}")
     if "mtp_tokens" not in choices:
         choices["mtp_tokens"] = mtp_options(spec)
+    if "all2all" not in choices and uses_mega_moe(spec.architecture, hardware,
+                                                  RoleSpec(dep=8), precision.weights):
+        choices["all2all"] = (None, *SearchSpace.all2all)
     layouts = choices.get("layouts", LAYOUTS)
     bad = [x for x in layouts if x not in LAYOUTS]
     if bad or not layouts:
@@ -140,6 +145,12 @@ def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
     choices["layouts"] = tuple(layouts)
     return SearchSpace(model=model, hardware=hardware, gpus=gpus, deps=tuple(deps),
                        redundant=redundant, engine=engine, precision=precision, **choices)
+
+
+def native_precision(model: ModelSpec) -> Precision:
+    """The checkpoint's own: fp4 weights where its routed experts are stored in fp4 (e.g.
+    DeepSeek-V4), else fp8; fp8 KV and indexer caches."""
+    return Precision(weights="fp4" if model.expert_dtype == "fp4" else "fp8")
 
 
 def _dep_candidates(gpus: int, given: Any) -> list[int]:

@@ -9,7 +9,9 @@ and gives back a measured point exactly.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import math
 from dataclasses import dataclass
 from itertools import product
 
@@ -44,6 +46,60 @@ class Grid:
     @functools.cached_property
     def _log_axes(self) -> tuple[np.ndarray, ...]:
         return tuple(np.log(ax) for ax in self.axes)
+
+    @functools.cached_property
+    def _log_axes_lists(self) -> tuple[list[float], ...]:
+        return tuple(la.tolist() for la in self._log_axes)
+
+    @functools.cached_property
+    def _corner_tuples(self) -> list[tuple[int, ...]]:
+        return list(product((0, 1), repeat=len(self.axes)))
+
+    def _query_one(self, point: np.ndarray, roofline: float,
+                   exact: bool) -> tuple[np.ndarray, np.ndarray]:
+        """`query` for a single point, in plain floats (a step prices one point per
+        operation, and numpy's per-call cost dominates at that size); the same arithmetic."""
+        lo, hi, t = [], [], []
+        outside = False
+        for x, la in zip(np.log(point).tolist(), self._log_axes_lists, strict=True):
+            if len(la) == 1:
+                lo.append(0)
+                hi.append(0)
+                t.append(0.0)
+                outside = outside or abs(x - la[0]) > 1e-9
+                continue
+            h = min(max(bisect.bisect_left(la, x), 1), len(la) - 1)
+            tj = (x - la[h - 1]) / (la[h] - la[h - 1])
+            outside = outside or tj < -1e-9 or tj > 1 + 1e-9
+            lo.append(h - 1)
+            hi.append(h)
+            t.append(min(max(tj, 0.0), 1.0))
+        acc = wsum = 0.0
+        for corner in self._corner_tuples:
+            w = 1.0
+            for c, tj in zip(corner, t, strict=True):
+                w *= tj if c else 1.0 - tj
+            if w <= 0:
+                continue
+            v = float(self.log_eff[tuple(h if c else lw for c, h, lw in zip(corner, hi, lo,
+                                                                             strict=True))])
+            if v == v:  # not NaN
+                acc += w * v
+                wsum += w
+        code = EXTRAPOLATED if outside else INTERPOLATED
+        if wsum > 1e-12:
+            log_eff = acc / wsum
+        else:  # no measured corner: nearest measured cell in log space
+            _, nearest = self.tree.query(np.log(point))
+            log_eff = float(self.log_eff[tuple(c[nearest] for c in self.cells)])
+            code = EXTRAPOLATED
+        ms = roofline / math.exp(log_eff)
+        if exact and not outside and all(tj < 1e-12 or tj > 1 - 1e-12 for tj in t):
+            lat = float(self.latency[tuple(h if tj > 0.5 else lw
+                                           for tj, h, lw in zip(t, hi, lo, strict=True))])
+            if lat == lat:
+                ms, code = lat, MEASURED
+        return np.array([ms]), np.array([code])
 
     @functools.cached_property
     def _corners(self) -> np.ndarray:
@@ -81,6 +137,9 @@ class Grid:
         points = np.atleast_2d(np.asarray(points, dtype=float))
         roofline = np.broadcast_to(np.asarray(roofline, dtype=float), (points.shape[0],))
         q, d = points.shape
+        if q == 1 or ((points == points[0]).all() and (roofline == roofline[0]).all()):
+            ms1, code1 = self._query_one(points[0], float(roofline[0]), exact)
+            return np.repeat(ms1, q), np.repeat(code1, q)
         lo = np.empty((q, d), dtype=np.intp)
         hi = np.empty((q, d), dtype=np.intp)
         t = np.empty((q, d))

@@ -11,11 +11,15 @@ requests and prefill context. Two reductions follow, and they make the signature
    set any maximum, so only the Pareto front of the rows is kept, sorted.
 
 The step is priced once per distinct signature, on a batch made of the front's rows (padded to
-the DP size by repeating the first), and the price is reused; identical signatures in different
-runs of the same process are priced again (the memo belongs to the pricer, the pricer to a run).
+the DP size by repeating the first), and the price is reused, also by later runs in the same
+process that price the same instance with the same tables (a search simulates many deployments
+whose roles repeat): the memo is shared per (calibration, instance), bounded in size.
 """
 
 from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
 
 import numpy as np
 
@@ -44,12 +48,39 @@ def pareto_front(rows: np.ndarray) -> np.ndarray:
     return front
 
 
+SHARED_ENTRIES = 400_000
+"""Prices the process keeps over all pricers; past it the shared memo starts afresh."""
+
+_shared: dict[int, tuple[Calibration, dict[tuple[Any, ...], StepTime]]] = {}
+"""id(calibration) -> (the calibration, kept alive so that its id stays its own; its memo)."""
+
+
+def instance_key(inst: Instance) -> tuple[Any, ...]:
+    """What prices an instance's steps, hashable (model and hardware by name)."""
+    return (inst.model.name, inst.hardware.name, *(
+        getattr(inst, f.name) for f in fields(inst) if f.name not in ("model", "hardware")))
+
+
+def _shared_memo(calibration: Calibration) -> dict[tuple[Any, ...], StepTime]:
+    entry = _shared.get(id(calibration))
+    if entry is None:
+        if len(_shared) >= 8:
+            _shared.clear()
+        entry = _shared[id(calibration)] = (calibration, {})
+    memo = entry[1]
+    if len(memo) > SHARED_ENTRIES:
+        memo.clear()
+    return memo
+
+
 class StepPricer:
     """Prices steps of one cost-model instance, remembering each rounded signature."""
 
     def __init__(self, instance: Instance, calibration: Calibration, bits: int = 6) -> None:
         self.instance, self.calibration, self.bits = instance, calibration, bits
         self._memo: dict[tuple[bytes, float], StepTime] = {}
+        self._shared = _shared_memo(calibration)
+        self._key = instance_key(instance)
         self.calls = 0
         """Steps priced through this pricer."""
         probe = step_time(instance, Batch.decode(instance.dp, 1, 1), calibration)
@@ -76,6 +107,10 @@ class StepPricer:
         hit = self._memo.get(key)
         if hit is not None:
             return hit
+        shared = self._shared.get((self._key, *key))
+        if shared is not None:
+            self._memo[key] = shared
+            return shared
         dp = self.instance.dp
         padded = np.concatenate([rows, np.repeat(rows[:1], dp - len(rows), axis=0)])
         experts = None
@@ -84,5 +119,5 @@ class StepPricer:
         batch = Batch(padded[:, 0], padded[:, 1], padded[:, 2], padded[:, 3], padded[:, 4],
                       expert_tokens=experts)
         priced = step_time(self.instance, batch, self.calibration)
-        self._memo[key] = priced
+        self._memo[key] = self._shared[(self._key, *key)] = priced
         return priced

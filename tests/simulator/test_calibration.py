@@ -195,3 +195,20 @@ def test_gated_deltanet_kernels_come_back_from_their_table():
     got = load_calibration(hw, "vllm").gdn(False, inst, np.array([64.0]), np.array([1.0]))
     assert got.source == "measured" and "linear_attention/vllm" in got.table
     assert got.ms[0] == pytest.approx(want)
+
+
+def test_a_single_point_query_prices_as_the_batched_query_does() -> None:
+    """Grid.query's one-point path (what a step uses) is the batched path's arithmetic."""
+    from simulator.calibration.grid import Grid
+
+    rng = np.random.default_rng(0)
+    for d in (1, 2, 3, 4):
+        pts = np.round(np.exp(rng.uniform(0, 5, (60, d)))) + 1
+        grid = Grid.build(pts, rng.uniform(0.1, 2, 60), rng.uniform(0.05, 1, 60))
+        query = np.concatenate([np.exp(rng.uniform(-1, 6, (200, d))), pts[:20]])
+        roof = rng.uniform(0.05, 1, len(query))
+        for exact in (True, False):
+            ms, code = grid.query(query, roof, exact)
+            one = [grid.query(query[i:i + 1], roof[i], exact) for i in range(len(query))]
+            assert np.allclose(ms, np.concatenate([o[0] for o in one]), rtol=1e-12)
+            assert (code == np.concatenate([o[1] for o in one])).all()

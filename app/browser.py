@@ -187,7 +187,7 @@ def what_if(page: Page, url: str, out: Path, seen: Seen, requests: int = 400) ->
 
 def search(page: Page, out: Path, seen: Seen, trials: int = 20, requests: int = 200) -> None:
     """Run a small Pareto search from the Search page (the CLI's default model, hardware and
-    agentic traffic, TTFT SLO only)."""
+    AgentX traffic, TTFT SLO only)."""
     page.get_by_role("link", name="Search").click()
     page.get_by_role("heading", name="Search").wait_for()
     settle(page)

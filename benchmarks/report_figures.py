@@ -3,10 +3,13 @@
 the command that reproduces the prediction.
 
 Where the report does not say how it measured (batch per rank at DEP32, how an 8K prompt is
-spread over two GPUs, the agentic prompts), the assumption is printed on the line. The rack-level
-figure needs the AgentX workload (the agentic-traffic issue) and is listed as not yet predicted.
+spread over two GPUs, the agentic prompts), the assumption is printed on the line. The rack line
+simulates the AgentX workload (the synthetic corpus of AgentX-shaped trees, docs/agentx.md) on a
+few whole-rack P/D layouts at a few loads and reports the most tokens/s per GPU served (cached +
+uncached input + output, the AgentX convention) among the points where 90 % of requests get at
+least 196 tokens/s; `--no-rack` skips it (it simulates for a few minutes).
 
-Run: .venv/bin/python benchmarks/report_figures.py [--json]
+Run: .venv/bin/python benchmarks/report_figures.py [--json] [--no-rack]
 """
 
 from __future__ import annotations
@@ -99,6 +102,54 @@ def _prefill(dep: int, key: str) -> float:
     return float(_PREFILL_RUNS[dep][key])
 
 
+RACK_LAYOUTS = ((20, 2), (28, 1), (12, 3))
+"""(prefill DEP2 instances, decode DEP16 instances) of the rack layouts tried: all 72 GPUs, the
+report's DEP2 prefill, decode at 256 sequences per rank with 3 MTP tokens."""
+RACK_LOADS = (2048, 4096)
+"""Session lanes tried; each run measures 3 turns per lane after the warmup turns."""
+RACK_SPEED = 196.0
+_RACK: dict[str, Any] = {}
+
+
+def _rack_point(point: tuple[int, int, int]) -> dict[str, Any]:
+    from simulator.des import simulate
+    from simulator.specs.deployment import Deployment, Precision, RoleSpec, Speculative
+    from simulator.specs.workload import SessionsArrival, Workload
+
+    prefill, decode, lanes = point
+    d = Deployment(model="deepseek-v4-flash", hardware="gb300", gpus=72,
+                   precision=Precision(weights="fp4", kv_cache="fp8", indexer_cache="fp4"),
+                   prefill=RoleSpec(instances=prefill, dep=2, max_num_batched_tokens=16384),
+                   decode=RoleSpec(instances=decode, dep=16, max_num_seqs=256,
+                                   redundant_experts=16,
+                                   speculative=Speculative(tokens=3, acceptance=0.8)))
+    m = simulate(d, Workload(arrival=SessionsArrival(concurrency=lanes),
+                             requests=3 * lanes)).metrics()
+    return {"prefill": prefill, "decode": decode, "lanes": lanes, **m}
+
+
+def _rack() -> float | None:
+    """The best served tok/s/GPU at P90 >= 196 tok/s/user over RACK_LAYOUTS x RACK_LOADS."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from planner.objectives import metric_value
+
+    if "best" not in _RACK:
+        points = [(p, d, n) for p, d in RACK_LAYOUTS for n in RACK_LOADS]
+        with ProcessPoolExecutor(max_workers=2) as pool:
+            runs = list(pool.map(_rack_point, points))
+        for r in runs:
+            speed = metric_value(r, "tok_s_user_p90") or 0.0
+            print(f"  rack P {r['prefill']}xDEP2 + D {r['decode']}xDEP16, {r['lanes']} lanes: "
+                  f"{r['throughput_tok_s_gpu']:,.0f} tok/s/GPU, 90 % of requests >= "
+                  f"{speed:.0f} tok/s, TTFT p90 {r['ttft_ms']['p90'] / 1e3:.1f} s, cache hits "
+                  f"{r['cache_hit_share']:.1%}", file=sys.stderr, flush=True)
+        ok = [r for r in runs if (metric_value(r, "tok_s_user_p90") or 0.0) >= RACK_SPEED]
+        _RACK["best"] = max(ok, key=lambda r: r["throughput_tok_s_gpu"]) if ok else None
+    best = _RACK["best"]
+    return None if best is None else float(best["throughput_tok_s_gpu"])
+
+
 def _single_user() -> float:
     r = _step(NARROW, "decode", 1, 8192)
     return 1e3 / r["total_ms"]
@@ -156,8 +207,10 @@ FIGURES = [
            _single_user,
            f"rackplan step {NARROW} --batch 1 --context 8192 --json",
            "DEP4 batch 1 without the report's specialised path or MTP"),
-    Figure("rack: tok/s/GPU at P90 196 tok/s/user", 954_000, "tok/s/GPU", lambda: None,
-           "needs the AgentX workload (agentic-traffic issue)", "not yet predicted"),
+    Figure("rack: tok/s/GPU at P90 196 tok/s/user", 954_000, "tok/s/GPU", _rack,
+           "benchmarks/report_figures.py (rack layouts x loads, agentx sessions)",
+           "best of P 20/28/12 x DEP2 + D 2/1/3 x DEP16 at 2,048 / 4,096 lanes; prefill-bound, "
+           "sensitive to the synthetic corpus's new tokens per turn"),
 ]
 
 
@@ -168,9 +221,12 @@ def _fmt(v: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--no-rack", action="store_true", help="skip the rack line (minutes)")
     args = ap.parse_args()
     rows = []
     for f in FIGURES:
+        if args.no_rack and f.predict is _rack:
+            continue
         got = f.predict()
         err = None if got is None or f.published is None else (got - f.published) / f.published
         rows.append({"figure": f.name, "published": f.published, "predicted": got,

@@ -126,18 +126,43 @@ def role_flags(deployment: Deployment, role_name: str, role: RoleSpec,
         flags += ["--speculative-config", _compact(
             {"method": family.speculative_method,
              "num_speculative_tokens": role.speculative.tokens})]
+    host_gib = role.host_cache_gb * (role.attention_tp if role.expert_parallel else
+                                     (role.tp or 1))  # vLLM counts an engine's TP ranks
     if role_name in KV_ROLE:
         connector: dict[str, object] = {"kv_connector": "NixlConnector",
                                         "kv_role": KV_ROLE[role_name]}
         if cpu:
             connector = {"kv_connector": "ExampleConnector", "kv_role": KV_ROLE[role_name],
                          "kv_connector_extra_config": {"shared_storage_path": kv_dir}}
+        if role.host_cache_gb:  # the P/D handoff and the host tier side by side
+            connector = {"kv_connector": "MultiConnector", "kv_role": KV_ROLE[role_name],
+                         "kv_connector_extra_config": {"connectors": [
+                             connector, _host_tier(role.host_cache_backend, host_gib)]}}
         flags += ["--kv-transfer-config", _compact(connector)]
+    elif role.host_cache_gb:  # vllm/config/cache.py: kv_offloading_size, GiB over TP ranks
+        flags += ["--kv-offloading-size", f"{host_gib:g}",
+                  "--kv-offloading-backend", role.host_cache_backend]
     if cpu:
         flags += ["--enforce-eager", "--max-model-len", str(max_model_len)]
     else:
         flags += ["--compilation-config", _compact({"cudagraph_mode": CUDA_GRAPHS[role_name]})]
     return flags
+
+
+HOST_TIER_CONNECTORS = {"native": "OffloadingConnector", "lmcache": "LMCacheConnectorV1"}
+"""The connector vLLM runs for a prefix-cache host tier of each backend (what
+--kv-offloading-backend picks, vllm/config/vllm.py), named here because a P/D role must list it
+beside its handoff connector in a MultiConnector."""
+
+
+def _host_tier(backend: str, gib: float) -> dict[str, object]:
+    """The host tier's connector entry: vLLM's offloading connector with its CPU bytes, or
+    LMCache (which sizes its own store)."""
+    entry: dict[str, object] = {"kv_connector": HOST_TIER_CONNECTORS[backend],
+                                "kv_role": "kv_both"}
+    if backend == "native":
+        entry["kv_connector_extra_config"] = {"cpu_bytes_to_use": int(gib * 2 ** 30)}
+    return entry
 
 
 def render(deployment: Deployment, model_path: str | None = None, base_port: int = 8100,

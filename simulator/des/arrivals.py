@@ -75,7 +75,7 @@ class Traffic:
     def window(self) -> tuple[float, float | None]:
         """The window throughput is counted over: with session lanes, from the end of the
         warmup turns to the last measured dispatch, every lane busy all along as in the
-        harness's fixed-duration run (the tokens of the turns dispatched in it, over it); else
+        harness's fixed-duration run (the tokens of the turns completed in it, over it); else
         (0, None): from the start to the last completion."""
         if self.replay is None:
             return 0.0, None

@@ -383,8 +383,10 @@ class _Run:
         kv_wait = sum(e.kv.wait_s for es in self.engines.values() for e in es)
         end = float(np.nanmax(t.finish[:n][done], initial=0.0))
         start, stop = self.traffic.window
-        if stop is not None and stop > start:
-            end = stop  # tokens of the turns dispatched in the window, over the window
+        counted = done  # requests whose tokens the throughput counts
+        if stop is not None and stop > start:  # served in the window, over the window
+            counted = done & (t.finish[:n] <= stop)
+            end = stop
         return SimResult(
             gpus=gpus,
             prefill_gpus=d.roles["prefill"].gpus if "prefill" in ran else None,
@@ -392,9 +394,9 @@ class _Run:
             usd_per_gpu_hour=self.hardware.usd_per_gpu_hour,
             duration_s=max(end - start, 0.0),
             ttft_s=ttft, tpot_s=tpot, e2e_s=e2e,
-            cached_input_tokens=int(t.cached[:n][done].sum()),
-            uncached_input_tokens=int(t.uncached[:n][done].sum()),
-            output_tokens=int(out.sum()),
+            cached_input_tokens=int(t.cached[:n][counted].sum()),
+            uncached_input_tokens=int(t.uncached[:n][counted].sum()),
+            output_tokens=int(t.output_len[:n][counted].sum()),
             itl_s=itl, itl_weight=weight,
             breakdown_ms=dict(self.recorder.breakdown_ms),
             expert_imbalance=self.recorder.expert_imbalance,

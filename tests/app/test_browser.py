@@ -38,7 +38,7 @@ def test_what_if_search_and_deploy_in_a_browser(tmp_path: Path) -> None:
     assert seen.plan_rows == 2
     assert (tmp_path / "runs" / "rackplan.db").is_file()
     # deploy: the chosen plan's vllm serve commands, rendered for Kubernetes' hosts
-    assert "vllm serve deepseek-r1" in seen.commands
+    assert "vllm serve deepseek-v4-flash" in seen.commands
     assert "--enable-expert-parallel" in seen.commands
     assert "--data-parallel-address host0" in seen.commands
     for name in ("whatif", "whatif-timelines", "whatif-step-time", "whatif-experts", "search",

@@ -150,6 +150,25 @@ def test_attention_dp_over_tp_groups_spans_hosts_by_dp_rank():
                           aggregated=RoleSpec(dep=2, tp=8)))
 
 
+def test_host_tier_of_the_prefix_cache():
+    agg = Deployment(model="deepseek-v3", hardware="gb300",
+                     aggregated=RoleSpec(dep=8, host_cache_gb=100))
+    argv = render(agg).processes[0].argv
+    assert flag(argv, "--kv-offloading-size") == "100"
+    assert flag(argv, "--kv-offloading-backend") == "native"
+    pd = Deployment(model="deepseek-v3", hardware="gb300",
+                    prefill=RoleSpec(dep=8, host_cache_gb=50), decode=RoleSpec(dep=8))
+    procs = render(pd).processes
+    prefill = json.loads(flag(procs[0].argv, "--kv-transfer-config"))
+    assert prefill["kv_connector"] == "MultiConnector"
+    nixl, host = prefill["kv_connector_extra_config"]["connectors"]
+    assert nixl["kv_connector"] == "NixlConnector"
+    assert host == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"cpu_bytes_to_use": 50 * 2 ** 30}}
+    decode = json.loads(flag(procs[-1].argv, "--kv-transfer-config"))
+    assert decode["kv_connector"] == "NixlConnector" and "--kv-offloading-size" not in procs[0].argv
+
+
 def test_cpu_offload_flag():
     d = Deployment(model="deepseek-v3", hardware="gb300",
                    prefill=RoleSpec(dep=8), decode=RoleSpec(dep=8, cpu_offload_gb=12.5))

@@ -146,7 +146,7 @@ def test_vllm_s_own_parser_accepts_attention_dp_over_tp_groups_and_offload():
     from executor.render import render
     from simulator.specs.deployment import Deployment, RoleSpec
     d = Deployment(model="deepseek-v3", hardware="h200",
-                   aggregated=RoleSpec(dep=4, tp=4, cpu_offload_gb=8))
+                   aggregated=RoleSpec(dep=4, tp=4, cpu_offload_gb=8, host_cache_gb=64))
     processes = [(f"{p.instance} host {p.host}", list(p.argv)) for p in render(d).processes]
     result = check_with_vllm(processes)
     assert result.skipped is None, result.skipped

@@ -58,9 +58,7 @@ def test_a_turn_repeating_the_previous_turns_blocks_hits_exactly_those(tmp_path:
     r = run(deployment(), path, 2)
     t = r.table
     assert t.cached[:2].tolist() == [0, 10 * BLOCK]  # turn 2 hits turn 1's ten blocks
-    m = r._collect().metrics()
-    assert m["cached_input_tokens"] == 640 and m["uncached_input_tokens"] == 640 + 320
-    assert m["cache_hit_share"] == pytest.approx(640 / 1600)
+    assert t.uncached[:2].tolist() == [640, 320]
 
 
 def test_lru_evicts_the_least_recently_used_blocks_tails_first() -> None:
@@ -130,8 +128,12 @@ def test_warmup_turns_before_t_star_are_not_in_the_metrics(tmp_path: Path) -> No
     m = res.metrics()
     assert warm.sum() == m["warmup_requests"] >= 1
     assert m["completed"] == 8 == int((~warm).sum())
-    measured = t.input_len[: t.count][~warm]
-    assert m["cached_input_tokens"] + m["uncached_input_tokens"] == int(measured.sum())
+    # throughput counts the measured turns served by the last measured dispatch
+    start, stop = r.traffic.window
+    assert stop is not None and m["duration_s"] == pytest.approx(stop - start)
+    served = ~warm & (t.finish[: t.count] <= stop)
+    assert m["cached_input_tokens"] + m["uncached_input_tokens"] == int(
+        t.input_len[: t.count][served].sum())
     # every lane's measured turns start once the last warmup turn has finished
     assert t.arrival[: t.count][~warm].min() >= np.nanmax(t.finish[: t.count][warm])
     assert r.traffic.window[0] == pytest.approx(np.nanmax(t.finish[: t.count][warm]))

@@ -1,0 +1,58 @@
+"""How fast the simulator replays AgentX session trees: N synthetic trees (all turns and
+subagents, from turn 0) on one GB300 NVL72 rack of DeepSeek-V4-Flash, P 20 x DEP2 + D 2 x DEP16,
+256 lanes.
+
+The target is 1,000 trees in 10 s on one core; prints the trees, requests, simulated seconds,
+wall seconds and requests per wall-second.
+Run: .venv/bin/python benchmarks/agentx_speed.py [--trees N] [--lanes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from simulator.des import simulate
+from simulator.des.agentx import generate
+from simulator.specs.agentx import AgentxShape
+from simulator.specs.deployment import Deployment, Precision, RoleSpec, Speculative
+from simulator.specs.workload import SessionsArrival, Workload
+
+DEPLOYMENT = Deployment(
+    model="deepseek-v4-flash", hardware="gb300", gpus=72,
+    precision=Precision(weights="fp4", kv_cache="fp8", indexer_cache="fp4"),
+    prefill=RoleSpec(instances=20, dep=2, max_num_batched_tokens=16384),
+    decode=RoleSpec(instances=2, dep=16, max_num_seqs=256, redundant_experts=16,
+                    speculative=Speculative(tokens=3, acceptance=0.8)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trees", type=int, default=1000, help="session trees (default 1,000)")
+    ap.add_argument("--lanes", type=int, default=256, help="trees alive at once (default 256)")
+    args = ap.parse_args()
+    if args.trees < 1 or args.lanes < 1:
+        ap.error(f"--trees={args.trees} and --lanes={args.lanes} must be >= 1")
+    shape = AgentxShape(traces=args.trees)
+    t0 = time.perf_counter()
+    requests = sum(t.requests for t in generate(shape, 0))
+    gen_s = time.perf_counter() - t0
+    workload = Workload(arrival=SessionsArrival(concurrency=min(args.lanes, args.trees),
+                                                shape=shape, start="turn0",
+                                                sampling="sequential"),
+                        requests=requests)
+    t0 = time.perf_counter()
+    m = simulate(DEPLOYMENT, workload).metrics()
+    wall = time.perf_counter() - t0
+    print(f"{args.trees:,} trees, {requests:,} requests ({m['completed']:,} completed), "
+          f"{m['duration_s']:,.0f} simulated s: {wall:,.1f} s wall "
+          f"({requests / wall:,.0f} requests/s; corpus generated in {gen_s:.1f} s); "
+          f"target 1,000 trees in 10 s")
+
+
+if __name__ == "__main__":
+    main()

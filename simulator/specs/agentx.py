@@ -74,7 +74,7 @@ class AgentxShape(BaseModel):
 
     model_config = _SPEC
 
-    traces: int = Field(393, ge=1)
+    traces: int = Field(393, ge=1, le=10_000)
     """Traces in the corpus. Default 393: the FAQ's size of the public `062126` corpus."""
     root_turns: Lognormal = Lognormal(median=90, sigma=1.0, max=4000)
     """Turns of a trace's root agent. Default lognormal, median 90, sigma 1.0 (max 4,000): mean

@@ -90,8 +90,9 @@ class SessionsArrival(BaseModel):
 
     kind: Literal["sessions"] = "sessions"
     """Session-tree replay."""
-    concurrency: int = Field(ge=1)
-    """Session trees alive at all times (required); subagents run inside their tree's lane."""
+    concurrency: int = Field(ge=1, le=1_000_000)
+    """Session trees alive at all times, at most 1,000,000 (required); subagents run inside
+    their tree's lane."""
     traces: str | None = None
     """AgentX ("weka") traces to replay: a .json/.jsonl file or a folder of them; null: the
     synthetic corpus (default null)."""
@@ -225,9 +226,9 @@ class Workload(BaseModel):
     arrival: Arrival = ClosedArrival(concurrency=2048)
     """How requests arrive: closed, poisson, bursty, trace or sessions (default closed,
     concurrency 2048)."""
-    requests: int = Field(4000, ge=1)
+    requests: int = Field(4000, ge=1, le=10_000_000)
     """Requests to send in all, each session turn counting as one; with a sessions arrival the
-    measured ones (warmup turns come on top) (default 4000)."""
+    measured ones (warmup turns come on top); at most 10,000,000 (default 4000)."""
     input_tokens: Length = FixedLength(value=2000)
     """Input (prompt) length: fixed, uniform or lognormal (default fixed 2000)."""
     output_tokens: Length = FixedLength(value=1000)

@@ -155,3 +155,10 @@ def test_sessions_arrival_refuses_the_old_sessions_block() -> None:
         Workload(arrival=SessionsArrival(concurrency=4), sessions=Sessions(turns=2))
     with pytest.raises(ValueError, match=r"t_star_max=0\.1 must be >= t_star_min=0\.5"):
         SessionsArrival(concurrency=4, t_star_min=0.5, t_star_max=0.1)
+
+
+def test_sizes_that_would_exhaust_memory_are_refused_up_front() -> None:
+    with pytest.raises(ValueError, match="less than or equal to 1000000"):
+        SessionsArrival(concurrency=5_000_000)
+    with pytest.raises(ValueError, match="less than or equal to 10000000"):
+        Workload(requests=20_000_000)

@@ -34,6 +34,7 @@ from simulator.des.experts import (
     power_law_popularity,
     read_expert_counts,
 )
+from simulator.des.kvpool import KvPool
 from simulator.des.metrics import InstanceInfo, Recorder, SimResult
 from simulator.des.prefix_cache import RankCaches
 from simulator.des.pricing import StepPricer
@@ -135,13 +136,9 @@ class _Run:
                              workload.prefix_hit_rate,
                              self.model.kv_token_cost(deployment.precision.kv_cache,
                                                       deployment.precision.indexer_cache))
-        self._by_name: dict[str, Engine] = {}
         for role in self._running_roles():
-            self.engines[role] = []
-            for i in range(deployment.roles[role].instances):
-                engine = self._engine(role, i)
-                self.engines[role].append(engine)
-                self._by_name[engine.name] = engine
+            self.engines[role] = [self._engine(role, i) for i in
+                                  range(deployment.roles[role].instances)]
         self.routers: dict[str, Router] = {
             role: Router(deployment.roles[role].router_policy(role)) for role in self.engines}
         self.network = KvNetwork(self.env, self.placement.transfer_gb_s)
@@ -232,31 +229,26 @@ class _Run:
             role=role, ranks=spec.ranks, gpus=self.placement.gpus[name],
             kv_tokens_per_rank=kv_tokens, a2a_gb_s=a2a,
             expert_imbalance=experts.expected_imbalance if experts else 0.0)
-        cache = self._caches(role, spec, pricer.instance.dp, kv_tokens)
         only_prefill = self.workload.mode == "prefill_only"
-        if role == "prefill":
-            return PrefillEngine(self.shared, name, spec, pricer, experts, kv_tokens, cache,
-                                 finish_at_prefill=only_prefill)
         if role == "decode":
             return DecodeEngine(self.shared, name, spec, pricer, experts, kv_tokens)
-        return AggregatedEngine(self.shared, name, spec, pricer, experts, kv_tokens, cache,
-                                finish_at_prefill=only_prefill)
+        cls = PrefillEngine if role == "prefill" else AggregatedEngine
+        engine = cls(self.shared, name, spec, pricer, experts, kv_tokens, None,
+                     finish_at_prefill=only_prefill)
+        engine.cache = self._caches(spec, engine.kv)
+        return engine
 
-    def _caches(self, role: str, spec: RoleSpec, ranks: int, kv_tokens: int) -> RankCaches:
-        """Per-rank prefix caches of an instance that prefills: HBM within what its running
-        requests leave, and the host tier of `host_cache_gb` per GPU priced over the host link.
-        The engine's KV pool is read through `engines` once the engine exists."""
+    def _caches(self, spec: RoleSpec, pool: KvPool) -> RankCaches:
+        """Per-rank prefix caches of an instance that prefills: HBM within what the requests
+        running on each rank leave of its KV `pool`, and the host tier of `host_cache_gb` per
+        GPU priced over the host link."""
         d, block = self.deployment, self.table.block_tokens
         pool_tokens = self.model.kv_token_cost(d.precision.kv_cache, d.precision.indexer_cache)
         per_block = max((pool_tokens(2.0 ** 20) - pool_tokens(2.0 ** 19)) / 2.0 ** 19 * block,
-                        1e-9)
-        index = len(self.engines.get(role, []))
-        name = f"{role}-{index}"
+                        1e-9)  # pool tokens of one more block of a long prompt
 
         def free_blocks(rank: int) -> int:
-            engine = self._by_name.get(name)
-            used = float(engine.kv.used[rank]) if engine is not None else 0.0
-            return int(max(kv_tokens - used, 0.0) // per_block)
+            return int(max(pool.capacity - float(pool.used[rank]), 0.0) // per_block)
 
         bytes_per_block = (self.model.kv_bytes(2.0 ** 20, d.precision.kv_cache,
                                                d.precision.indexer_cache)
@@ -264,7 +256,7 @@ class _Run:
                                                  d.precision.indexer_cache)) / 2.0 ** 19 * block
         host_blocks = int(spec.host_cache_gb * 2 ** 30 // max(bytes_per_block, 1.0))
         link = self.hardware.host_link_gb_s * 1e9
-        return RankCaches(ranks, free_blocks, host_blocks, block,
+        return RankCaches(len(pool.used), free_blocks, host_blocks, block,
                           bytes_per_block / link if link > 0 else 0.0)
 
     # ---- the pipeline (engines call these) -------------------------------------------------

@@ -46,7 +46,6 @@ class Traffic:
         if isinstance(workload.arrival, SessionsArrival):
             if not corpus:
                 raise SpecError("a sessions arrival needs at least one session trace")
-            table.block_tokens = corpus[0].block_tokens
             self.replay = TreeReplay(env, workload.arrival, corpus, rng, self._send,
                                      lambda: self.remaining)
         self.spread_s = spread_s

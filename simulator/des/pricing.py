@@ -49,7 +49,8 @@ def pareto_front(rows: np.ndarray) -> np.ndarray:
 
 
 SHARED_ENTRIES = 400_000
-"""Prices the process keeps over all pricers; past it the shared memo starts afresh."""
+"""Prices one calibration's shared memo keeps; a pricer created when it holds more starts it
+afresh."""
 
 _shared: dict[int, tuple[Calibration, dict[tuple[Any, ...], StepTime]]] = {}
 """id(calibration) -> (the calibration, kept alive so that its id stays its own; its memo)."""

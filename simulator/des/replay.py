@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,10 +38,29 @@ from simulator.specs.workload import SessionsArrival
 
 def load_corpus(arrival: SessionsArrival, seed: int) -> list[SessionTrace]:
     """The traces a sessions arrival replays: its trace files, else the synthetic corpus of
-    its shape (generated once per process for a shape and seed)."""
+    its shape. Either is made once per process (a search screens and simulates one workload
+    many times): files for as long as their path, size and modification time stay the same."""
     if arrival.traces is not None:
-        return read_weka(arrival.traces)
+        path = Path(arrival.traces)
+        return _read(path, tuple(_stamp(f) for f in _trace_files(path)))
     return _generated(arrival.shape, seed)
+
+
+def _trace_files(path: Path) -> list[Path]:
+    return sorted(path.iterdir()) if path.is_dir() else [path]
+
+
+def _stamp(path: Path) -> tuple[str, int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (str(path), -1, -1)  # read_weka says what is wrong with it
+    return (str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read(path: Path, stamps: tuple[tuple[str, int, int], ...]) -> list[SessionTrace]:
+    return read_weka(path)
 
 
 @functools.lru_cache(maxsize=4)

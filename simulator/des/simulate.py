@@ -242,18 +242,20 @@ class _Run:
         """Per-rank prefix caches of an instance that prefills: HBM within what the requests
         running on each rank leave of its KV `pool`, and the host tier of `host_cache_gb` per
         GPU priced over the host link."""
-        d, block = self.deployment, self.table.block_tokens
-        pool_tokens = self.model.kv_token_cost(d.precision.kv_cache, d.precision.indexer_cache)
-        per_block = max((pool_tokens(2.0 ** 20) - pool_tokens(2.0 ** 19)) / 2.0 ** 19 * block,
-                        1e-9)  # pool tokens of one more block of a long prompt
+        p, block = self.deployment.precision, self.table.block_tokens
+
+        def per_block(of_context: Callable[[float], float]) -> float:
+            """What one more block of a long prompt adds to `of_context` (its slope there)."""
+            return (of_context(2.0 ** 20) - of_context(2.0 ** 19)) / 2.0 ** 19 * block
+
+        pool_per_block = max(per_block(self.model.kv_token_cost(p.kv_cache, p.indexer_cache)),
+                             1e-9)
 
         def free_blocks(rank: int) -> int:
-            return int(max(pool.capacity - float(pool.used[rank]), 0.0) // per_block)
+            return int(max(pool.capacity - float(pool.used[rank]), 0.0) // pool_per_block)
 
-        bytes_per_block = (self.model.kv_bytes(2.0 ** 20, d.precision.kv_cache,
-                                               d.precision.indexer_cache)
-                           - self.model.kv_bytes(2.0 ** 19, d.precision.kv_cache,
-                                                 d.precision.indexer_cache)) / 2.0 ** 19 * block
+        bytes_per_block = per_block(lambda ctx: self.model.kv_bytes(ctx, p.kv_cache,
+                                                                    p.indexer_cache))
         host_blocks = int(spec.host_cache_gb * 2 ** 30 // max(bytes_per_block, 1.0))
         link = self.hardware.host_link_gb_s * 1e9
         return RankCaches(len(pool.used), free_blocks, host_blocks, block,
@@ -261,12 +263,12 @@ class _Run:
 
     # ---- the pipeline (engines call these) -------------------------------------------------
 
-    def _pick(self, role: str) -> Engine:
+    def _pick(self, role: str, session: int | None = None) -> Engine:
         """An instance of `role` by its router's policy over the instances' loads."""
         engines = self.engines[role]
         cands = [Candidate(queued_tokens=e.load_tokens(), requests=e.load_requests())
                  for e in engines]
-        return engines[self.routers[role].pick(cands)]
+        return engines[self.routers[role].pick(cands, session)]
 
     def _place_prompt(self, role: str, rid: int) -> tuple[Engine, int | None]:
         """Where a prompt goes: with a policy that knows the prefix caches, the (instance, DP
@@ -276,9 +278,7 @@ class _Run:
         session = int(self.table.session[rid])
         key = session if session >= 0 else None
         if not router.policy.uses_prefix:
-            cands = [Candidate(queued_tokens=e.load_tokens(), requests=e.load_requests())
-                     for e in engines]
-            return engines[router.pick(cands, key)], None
+            return self._pick(role, key), None
         prompt = float(self.table.input_len[rid])
         places: list[tuple[Engine, int]] = []
         cands = []

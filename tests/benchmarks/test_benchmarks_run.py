@@ -16,10 +16,20 @@ def run(*args: str) -> str:
     return r.stdout
 
 
-def test_simulate_speed_prints_wall_time_rate_and_memory():
-    out = run("benchmarks/simulate_speed.py", "--requests", "300")
+def test_simulate_speed_prints_wall_time_rate_memory_floor_and_series():
+    out = run("benchmarks/simulate_speed.py", "--requests", "300", "--series",
+              "--max-requests", "1000", "--series-gpus", "72")
     assert "wall time:" in out and "for 300 requests" in out
     assert "simulated tokens per wall-second" in out and "peak memory" in out
+    assert "CPU time:" in out and "of simulation CPU for 300 requests" in out
+    floor = next(line for line in out.splitlines() if line.startswith("rackplan "))
+    assert "events/s vs bare SimPy" in floor and "(the floor):" in floor
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split() and "@" in line.split()[0]}
+    assert rows["1k@72"][1:4] == ["1,000", "72", "1,000"]  # requests, GPUs, completed
+    assert len(rows["1k@72"]) == 10  # steps, events, CPU s, us/req, RSS cal, peak RSS follow
+    assert "skipped (--max-requests 1,000)" in " ".join(rows["1M@72"])
+    assert "CPU ratio per 10x requests" in out and "target 1M requests" in out
 
 
 def test_calibration_load_prints_every_table():

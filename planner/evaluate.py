@@ -9,7 +9,7 @@ hardware, and reused by every evaluation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.calibration import Calibration, load_calibration
 from simulator.calibration.serving import (
@@ -18,10 +18,12 @@ from simulator.calibration.serving import (
     user_serving_overhead,
 )
 from simulator.calibration.tables import user_calibration_dir
-from simulator.des import SimOptions, simulate
 from simulator.specs.deployment import Deployment
 from simulator.specs.hardware import load_hardware
 from simulator.specs.workload import Workload
+
+if TYPE_CHECKING:  # the simulation loads where it runs (`rackplan step` prices without it)
+    from simulator.des import SimOptions
 
 Evaluate = Callable[[Deployment], dict[str, Any]]
 """A function from a deployment to metrics shaped like `simulate --json` (STYLE rule 7)."""
@@ -54,6 +56,8 @@ def overhead_for(deployment: Deployment) -> ServingOverhead:
 
 def sim_options(deployment: Deployment) -> SimOptions:
     """The simulation options `rackplan simulate` uses for this deployment."""
+    from simulator.des import SimOptions
+
     return SimOptions.serving(overhead_for(deployment))
 
 
@@ -66,6 +70,8 @@ class Simulator:
 
     def __call__(self, deployment: Deployment) -> dict[str, Any]:
         """The `simulate --json` metrics of `deployment` under the workload."""
+        from simulator.des import simulate
+
         result = simulate(deployment, self.workload, calibration=calibration_for(deployment),
                           options=sim_options(deployment))
         return result.metrics()

@@ -7,7 +7,9 @@ how fast an instance's all-to-all runs, and how fast KV moves from a prefill to 
 Graph nodes are strings: ``gpu{i}``, ``nvswitch{d}``, ``nic{i}`` and ``spine``, each with a
 ``kind`` attribute (gpu / nvswitch / nic / spine) and, except the spine, the ``domain`` it sits
 in. Edges carry ``gb_s``, the one-direction bandwidth of the link per GPU:
-gpu-nvswitch at the scale-up rate, gpu-nic and nic-spine at the NIC rate.
+gpu-nvswitch at the scale-up rate, gpu-nic and nic-spine at the NIC rate. The graph is kept as
+plain dicts (`Topology.nodes`, `Topology.links`); `Topology.graph` turns it into a networkx graph
+on first use, so placing and pricing never import networkx.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import HardwareSpec
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 SPINE = "spine"
 """Name of the one scale-out switch node that connects every NIC."""
@@ -103,36 +108,56 @@ class InstanceRequest:
 
 @dataclass(frozen=True, eq=False)
 class Topology:
-    """A networkx graph of GPUs, scale-up domains (NVLink switch per domain), one NIC per GPU,
-    and a scale-out switch. Build it with `Topology.build`."""
+    """A graph of GPUs, scale-up domains (NVLink switch per domain), one NIC per GPU, and a
+    scale-out switch. Build it with `Topology.build`."""
 
     hardware: HardwareSpec
     """The accelerator kind; its scale-up domain size and link rates shape the graph."""
-    graph: nx.Graph = field(repr=False)
-    """Nodes with a ``kind`` attribute (gpu/nvswitch/nic/spine); edges with ``gb_s``."""
+    nodes: dict[str, dict[str, Any]] = field(repr=False)
+    """Node name -> its attributes: ``kind`` (gpu/nvswitch/nic/spine) and ``domain``."""
+    links: dict[tuple[str, str], float] = field(repr=False)
+    """Each link once, as (node, node) -> its one-direction GB/s per GPU."""
 
     @classmethod
     def build(cls, hardware: HardwareSpec, gpus: int) -> Topology:
         """`gpus` GPUs in ceil(gpus / scaleup_domain) domains; the last domain may be partial."""
         gpus = _check_gpus(gpus)
         size = hardware.scaleup_domain
-        graph = nx.Graph()
-        graph.add_node(SPINE, kind="spine")
+        nodes: dict[str, dict[str, Any]] = {SPINE: {"kind": "spine"}}
+        links: dict[tuple[str, str], float] = {}
         for d in range(math.ceil(gpus / size)):
-            graph.add_node(_nvswitch(d), kind="nvswitch", domain=d)
+            nodes[_nvswitch(d)] = {"kind": "nvswitch", "domain": d}
         for i in range(gpus):
             d = i // size
-            graph.add_node(_gpu(i), kind="gpu", domain=d)
-            graph.add_node(_nic(i), kind="nic", domain=d)
-            graph.add_edge(_gpu(i), _nvswitch(d), gb_s=hardware.scaleup_gb_s)
-            graph.add_edge(_gpu(i), _nic(i), gb_s=hardware.nic_gb_s)
-            graph.add_edge(_nic(i), SPINE, gb_s=hardware.nic_gb_s)
-        return cls(hardware=hardware, graph=graph)
+            nodes[_gpu(i)] = {"kind": "gpu", "domain": d}
+            nodes[_nic(i)] = {"kind": "nic", "domain": d}
+            links[_gpu(i), _nvswitch(d)] = hardware.scaleup_gb_s
+            links[_gpu(i), _nic(i)] = hardware.nic_gb_s
+            links[_nic(i), SPINE] = hardware.nic_gb_s
+        return cls(hardware=hardware, nodes=nodes, links=links)
+
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """The same graph as a networkx graph (nodes with their attributes, edges with
+        ``gb_s``), built on first use."""
+        import networkx as nx
+
+        graph = nx.Graph()
+        for name, attrs in self.nodes.items():
+            graph.add_node(name, **attrs)
+        for (u, v), gb_s in self.links.items():
+            graph.add_edge(u, v, gb_s=gb_s)
+        return graph
+
+    def _link_gb_s(self, u: str, v: str) -> float:
+        """GB/s of the link between nodes `u` and `v`, either way round."""
+        gb_s = self.links.get((u, v))
+        return float(self.links[v, u] if gb_s is None else gb_s)
 
     @cached_property
     def gpu_count(self) -> int:
         """GPUs in the cluster."""
-        return sum(1 for _, kind in self.graph.nodes(data="kind") if kind == "gpu")
+        return sum(1 for attrs in self.nodes.values() if attrs["kind"] == "gpu")
 
     @property
     def domain_count(self) -> int:
@@ -142,7 +167,7 @@ class Topology:
     def domain_of(self, gpu: int) -> int:
         """The scale-up domain that GPU `gpu` sits in."""
         self._check_gpu(gpu)
-        return int(self.graph.nodes[_gpu(gpu)]["domain"])
+        return int(self.nodes[_gpu(gpu)]["domain"])
 
     def rank_bandwidth(self, gpu_a: int, gpu_b: int) -> float:
         """GB/s one direction between two GPUs: the slowest link on their route, which is the
@@ -154,17 +179,16 @@ class Topology:
             route = [_gpu(gpu_a), _nvswitch(da), _gpu(gpu_b)]
         else:
             route = [_gpu(gpu_a), _nic(gpu_a), SPINE, _nic(gpu_b), _gpu(gpu_b)]
-        return min(float(self.graph.edges[u, v]["gb_s"]) for u, v in pairwise(route))
+        return min(self._link_gb_s(u, v) for u, v in pairwise(route))
 
     def scaleup_gb_s(self, gpu: int) -> float:
         """GB/s one direction from GPU `gpu` into its NVLink switch."""
-        return float(self.graph.edges[_gpu(gpu), _nvswitch(self.domain_of(gpu))]["gb_s"])
+        return self._link_gb_s(_gpu(gpu), _nvswitch(self.domain_of(gpu)))
 
     def scaleout_gb_s(self, gpu: int) -> float:
         """GB/s one direction from GPU `gpu` to the spine: the slower of GPU-NIC and NIC-spine."""
         self._check_gpu(gpu)
-        return min(float(self.graph.edges[_gpu(gpu), _nic(gpu)]["gb_s"]),
-                   float(self.graph.edges[_nic(gpu), SPINE]["gb_s"]))
+        return min(self._link_gb_s(_gpu(gpu), _nic(gpu)), self._link_gb_s(_nic(gpu), SPINE))
 
     def place(self, instances: list[InstanceRequest]) -> Placement:
         """Put each instance's ranks on GPUs, deterministically.

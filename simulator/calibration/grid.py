@@ -14,9 +14,12 @@ import functools
 import math
 from dataclasses import dataclass
 from itertools import product
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.spatial import cKDTree
+
+if TYPE_CHECKING:
+    from scipy.spatial import cKDTree
 
 MEASURED, INTERPOLATED, EXTRAPOLATED, ROOFLINE = 0, 1, 2, 3
 SOURCES = ("measured", "interpolated", "extrapolated", "roofline")
@@ -38,10 +41,17 @@ class Grid:
     """Measured ms per grid cell; NaN where nothing was measured."""
     log_eff: np.ndarray
     """log(roofline ms / measured ms) per cell; NaN where nothing was measured."""
-    tree: cKDTree
-    """Measured cells in log-axis space, for nearest-point fallback."""
     cells: tuple[np.ndarray, ...]
     """Grid indices of the measured cells, aligned with the tree's points."""
+
+    @functools.cached_property
+    def tree(self) -> cKDTree:
+        """Measured cells in log-axis space, for nearest-point fallback (built, and scipy
+        imported, on the first query that needs it)."""
+        from scipy.spatial import cKDTree
+
+        coords = np.stack([np.log(self.axes[j][c]) for j, c in enumerate(self.cells)], axis=1)
+        return cKDTree(coords)
 
     @functools.cached_property
     def _log_axes(self) -> tuple[np.ndarray, ...]:
@@ -124,8 +134,21 @@ class Grid:
         lat[np.isinf(lat)] = np.nan
         log_eff = -np.log(np.where(np.isinf(eff), np.nan, eff))
         cells = np.nonzero(~np.isnan(lat))
-        coords = np.stack([np.log(axes[j][c]) for j, c in enumerate(cells)], axis=1)
-        return cls(axes, lat, log_eff, cKDTree(coords), cells)
+        return cls(axes, lat, log_eff, cells)
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The grid as named arrays (for the disk cache); `from_arrays` gives it back."""
+        out = {"latency": self.latency, "log_eff": self.log_eff}
+        for j, (ax, c) in enumerate(zip(self.axes, self.cells, strict=True)):
+            out[f"axis{j}"], out[f"cells{j}"] = ax, c
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Grid:
+        """The grid `to_arrays` wrote, bit for bit."""
+        d = arrays["latency"].ndim
+        return cls(tuple(arrays[f"axis{j}"] for j in range(d)), arrays["latency"],
+                   arrays["log_eff"], tuple(arrays[f"cells{j}"] for j in range(d)))
 
     def query(self, points: np.ndarray, roofline: np.ndarray,
               exact: bool = True) -> tuple[np.ndarray, np.ndarray]:

@@ -3,6 +3,10 @@
 Sources, in order: the user's own tables written by `rackplan calibrate` (same layout), the measured
 database shipped in the `aiconfigurator-core` package, and the roofline when neither covers an op.
 Every price says where it came from.
+
+pandas and the parquet reader load on the first table read; what is derived from the tables (the
+interpolation grids and the few numbers read off them) is kept in a disk cache
+(`simulator.calibration.cache`), so a process that finds it warm reads no table at all.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.calibration import roofline as rf
+from simulator.calibration.cache import cached
 from simulator.calibration.grid import EXTRAPOLATED, ROOFLINE, SOURCES, Grid, worst
 from simulator.specs.attention import DSV4_ENTRY_BYTES, INDEXER_KEY_BYTES
 from simulator.specs.attention import kind as kind_of
@@ -27,6 +31,8 @@ from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec
 from simulator.specs.topology import all_to_all_rate
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from simulator.cost.step import Instance
     from simulator.specs.attention import DSV4
     from simulator.specs.model import ModelSpec
@@ -126,6 +132,26 @@ def _version_key(v: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def _read_parquet(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.read_parquet(path)
+
+
+def _pack_grid(built: tuple[Grid, int, str] | None) -> dict[str, np.ndarray]:
+    """A `_grid` result as arrays for the cache (none for no table)."""
+    if built is None:
+        return {}
+    grid, floor, label = built
+    return {**grid.to_arrays(), "floor": np.array(floor), "label": np.array(label)}
+
+
+def _unpack_grid(arrays: dict[str, np.ndarray]) -> tuple[Grid, int, str] | None:
+    if not arrays:
+        return None
+    return Grid.from_arrays(arrays), int(arrays["floor"]), str(arrays["label"])
+
+
 def aic_system_dir(system: str) -> Path:
     """The measured-data folder of one system inside the aiconfigurator-core package."""
     return Path(str(resources.files("aiconfigurator_core"))) / "systems" / "data" / system
@@ -175,11 +201,26 @@ class Calibration:
                 return base / pick / fname, f"{label}/{folder}/{engine}/{pick}"
         return None
 
+    def _table_files(self, op: str) -> list[Path]:
+        """Every file a price of `op` may read: its table at each engine and version, in the
+        user folder and in the shipped data (what a cached value of `op` is keyed on)."""
+        folder, fname = OP_FILES[op]
+        roots = [self.user_dir / folder] if self.user_dir is not None else []
+        if self.hardware.system:
+            roots.append(aic_system_dir(self.hardware.system) / folder)
+        return [p for root in roots if root.is_dir() for p in root.glob(f"*/*/{fname}")]
+
+    def _has_table(self, op: str) -> bool:
+        """Whether any table covers `op`: the engine's own, or another engine's (what `frame`
+        and `_other_frames` would find), without reading one."""
+        return self._locate(op) is not None or (op not in OP_ENGINES and any(
+            self._locate(op, (e,), user=False) is not None for e in ENGINES))
+
     def frame(self, op: str) -> tuple[pd.DataFrame, str] | None:
         """The raw table of an op and its label, or None when no table covers it."""
         if op not in self._frames:
             found = self._locate(op)
-            self._frames[op] = None if found is None else (pd.read_parquet(found[0]), found[1])
+            self._frames[op] = None if found is None else (_read_parquet(found[0]), found[1])
         return self._frames[op]
 
     def _version_frames(self, op: str) -> list[tuple[pd.DataFrame, str]]:
@@ -196,7 +237,7 @@ class Calibration:
         for v in versions:
             key = f"{op}@{engine}@{v}"
             if key not in self._frames:
-                self._frames[key] = (pd.read_parquet(base / v / fname),
+                self._frames[key] = (_read_parquet(base / v / fname),
                                      f"{self.hardware.system}/{folder}/{engine}/{v}")
             got = self._frames[key]
             if got is not None:
@@ -215,7 +256,7 @@ class Calibration:
             if key not in self._frames:
                 found = self._locate(op, (engine,), user=False)
                 self._frames[key] = (None if found is None
-                                     else (pd.read_parquet(found[0]), found[1]))
+                                     else (_read_parquet(found[0]), found[1]))
             got = self._frames[key]
             if got is not None and (own is None or got[1] != own[1]):
                 out.append(got)
@@ -231,7 +272,8 @@ class Calibration:
               select: Callable[[pd.DataFrame], tuple[pd.DataFrame, int]],
               axes: list[str],
               roof: Callable[[pd.DataFrame], np.ndarray]) -> tuple[Grid, int, str] | None:
-        """A cached Grid for the rows `select` keeps; the int is the provenance floor.
+        """A cached Grid for the rows `select` keeps; the int is the provenance floor. Kept
+        per process, and on disk keyed by `select`, `roof` and the table files.
 
         Preference, with the choice in the label: (a) the engine's own table at the pinned (or
         newest) version, (b) its own table at another version that measured the shape and
@@ -250,14 +292,18 @@ class Calibration:
                 pts = rows[axes].to_numpy(dtype=float)
                 return Grid.build(pts, rows["latency"].to_numpy(float), roof(rows)), floor, label
 
-            built = build(self.frame(op))
-            if built is None or built[1] >= EXTRAPOLATED:
-                for other in [*self._version_frames(op), *self._other_frames(op)]:
-                    alt = build(other)
-                    if alt is not None and alt[1] < EXTRAPOLATED:
-                        built = alt
-                        break
-            self._grids[key] = built
+            def preferred() -> dict[str, np.ndarray]:
+                built = build(self.frame(op))
+                if built is None or built[1] >= EXTRAPOLATED:
+                    for other in [*self._version_frames(op), *self._other_frames(op)]:
+                        alt = build(other)
+                        if alt is not None and alt[1] < EXTRAPOLATED:
+                            built = alt
+                            break
+                return _pack_grid(built)
+
+            self._grids[key] = _unpack_grid(cached(("grid", op, key, axes, select, roof, self),
+                                                   self._table_files(op), preferred))
         return self._grids[key]
 
     @staticmethod
@@ -490,7 +536,7 @@ class Calibration:
                 floor_extra: int = 0) -> Priced | None:
         """A sparse-attention module table over (batch, isl, past, heads) in prefill or
         (batch, context, heads) in decode; None when no table ships."""
-        if self.frame(op) is None and not self._other_frames(op):
+        if not self._has_table(op):
             return None
         # Prefill axes: new tokens and where the chunk ends (past + new, positive on log axes).
         axes = ["batch_size", "isl", "end", "num_heads"] if context else [
@@ -580,14 +626,19 @@ class Calibration:
         roof, _ = self._dsv4_kernel_roof(op, inst)
         key = (op, "rate", inst.model.architecture, inst.kv_cache, inst.indexer_cache)
         if key not in self._rates:
-            got = self.frame(op)
-            rate = 0.5
-            if got is not None:
-                rows, _ = self._module_rows(got[0], inst.model, inst.kv_cache, "fp8_block")
-                r = roof(rows.batch_size, rows.isl, rows.step, rows.num_heads.to_numpy())
-                big = r >= 0.1 * r.max()
-                rate = float(np.quantile(r[big] / rows.latency.to_numpy(float)[big], 0.9))
-            self._rates[key] = rate
+
+            def sustained() -> dict[str, np.ndarray]:
+                got = self.frame(op)
+                rate = 0.5
+                if got is not None:
+                    rows, _ = self._module_rows(got[0], inst.model, inst.kv_cache, "fp8_block")
+                    r = roof(rows.batch_size, rows.isl, rows.step, rows.num_heads.to_numpy())
+                    big = r >= 0.1 * r.max()
+                    rate = float(np.quantile(r[big] / rows.latency.to_numpy(float)[big], 0.9))
+                return {"rate": np.array(rate)}
+
+            self._rates[key] = float(cached(("rate", key, inst.model, roof, self),
+                                            self._table_files(op), sustained)["rate"])
         rate = self._rates[key]
         heads = max(inst.model.num_attention_heads // inst.tp, 1)
         return np.maximum(roof(batch, new, stop, heads) - roof(batch, new, start, heads),
@@ -621,14 +672,19 @@ class Calibration:
         nearest measured batch at or above it); inf when no table ships."""
         ek = (*key, axis)
         if ek not in self._edges:
-            got = self.frame(op)
-            if got is None:
-                self._edges[ek] = None
-            else:
+
+            def longest_per_batch() -> dict[str, np.ndarray]:
+                got = self.frame(op)
+                if got is None:
+                    return {}
                 rows, _ = self._module_rows(got[0], m, kv_dtype, "fp8_block")
                 rows = rows.assign(end=rows.step + rows.isl)
                 most = rows.groupby("batch_size")[axis].max()
-                self._edges[ek] = (most.index.to_numpy(float), most.to_numpy(float))
+                return {"levels": most.index.to_numpy(float), "longest": most.to_numpy(float)}
+
+            arrays = cached(("edge", op, ek, m, kv_dtype, self), self._table_files(op),
+                            longest_per_batch)
+            self._edges[ek] = (arrays["levels"], arrays["longest"]) if arrays else None
         found = self._edges[ek]
         if found is None:
             return np.full_like(batch, np.inf)
@@ -809,18 +865,26 @@ class Calibration:
         (tokens per rank, EP size = nodes x GPUs per host); None when none ships."""
         op = "a2a_wide_ll" if low_latency else "a2a_wide_normal"
         key = ("a2a_wide", op, hidden, topk, experts, phase)
-        if key in self._grids:
-            return self._grids[key]
+        if key not in self._grids:
+            self._grids[key] = _unpack_grid(cached(
+                ("a2a_wide", key, self), self._table_files(op),
+                lambda: _pack_grid(self._build_wide_a2a(op, hidden, topk, experts, phase,
+                                                        low_latency))))
+        return self._grids[key]
+
+    def _build_wide_a2a(self, op: str, hidden: int, topk: int, experts: int, phase: str,
+                        low_latency: bool) -> tuple[Grid, int, str] | None:
         folder, fname = OP_FILES[op]
         frames = []
         if self.hardware.system:
             base = aic_system_dir(self.hardware.system) / folder / "sglang"
             if base.is_dir():
-                frames = [pd.read_parquet(p / fname) for p in sorted(base.iterdir())
+                frames = [_read_parquet(p / fname) for p in sorted(base.iterdir())
                           if (p / fname).is_file()]
         if not frames:
-            self._grids[key] = None
             return None
+        import pandas as pd
+
         df = pd.concat(frames, ignore_index=True)
         per = self.hardware.gpus_per_host
         if low_latency:
@@ -842,11 +906,9 @@ class Calibration:
             return rf.transfer(sent, rate)
 
         pts = rows[["num_tokens", "ep_size"]].to_numpy(dtype=float)
-        built = (Grid.build(pts, rows["latency"].to_numpy(float), roof(rows)), floor,
-                 f"{self.hardware.system}/comm/sglang/wideep_deepep_"
-                 f"{'ll' if low_latency else 'normal'}")
-        self._grids[key] = built
-        return built
+        return (Grid.build(pts, rows["latency"].to_numpy(float), roof(rows)), floor,
+                f"{self.hardware.system}/comm/sglang/wideep_deepep_"
+                f"{'ll' if low_latency else 'normal'}")
 
     def collective(self, op: str, nbytes: np.ndarray | float, gpus: int, gb_s: float) -> Priced:
         """An NCCL collective (all_gather, reduce_scatter, all_reduce, alltoall) of `nbytes`

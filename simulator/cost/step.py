@@ -174,7 +174,8 @@ class StepTime:
     @property
     def source(self) -> str:
         """The least trustworthy source among the operations."""
-        worst = max((SOURCES.index(v.split(" ")[0]) for v in self.provenance.values()),
+        worst = max((SOURCES.index(w) for w in (v.split(" ")[0] for v in
+                                                  self.provenance.values()) if w in SOURCES),
                     default=0)
         return SOURCES[worst]
 

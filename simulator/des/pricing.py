@@ -19,12 +19,13 @@ whose roles repeat): the memo is shared per (calibration, instance), bounded in 
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from simulator.calibration import Calibration
 from simulator.cost import Batch, Instance, StepTime, step_time
+from simulator.cost.price_cache import CachedCalibration
 
 
 def round_bits(x: np.ndarray, bits: int) -> np.ndarray:
@@ -52,8 +53,9 @@ SHARED_ENTRIES = 400_000
 """Prices one calibration's shared memo keeps; a pricer created when it holds more starts it
 afresh."""
 
-_shared: dict[int, tuple[Calibration, dict[tuple[Any, ...], StepTime]]] = {}
-"""id(calibration) -> (the calibration, kept alive so that its id stays its own; its memo)."""
+_shared: dict[int, tuple[Calibration, dict[tuple[Any, ...], StepTime], CachedCalibration]] = {}
+"""id(calibration) -> (the calibration, kept alive so that its id stays its own; its memo; its
+operation prices per point)."""
 
 
 def instance_key(inst: Instance) -> tuple[Any, ...]:
@@ -62,16 +64,17 @@ def instance_key(inst: Instance) -> tuple[Any, ...]:
         getattr(inst, f.name) for f in fields(inst) if f.name not in ("model", "hardware")))
 
 
-def _shared_memo(calibration: Calibration) -> dict[tuple[Any, ...], StepTime]:
+def _shared_memo(calibration: Calibration) -> tuple[dict[tuple[Any, ...], StepTime],
+                                                   CachedCalibration]:
     entry = _shared.get(id(calibration))
     if entry is None:
         if len(_shared) >= 8:
             _shared.clear()
-        entry = _shared[id(calibration)] = (calibration, {})
+        entry = _shared[id(calibration)] = (calibration, {}, CachedCalibration(calibration))
     memo = entry[1]
     if len(memo) > SHARED_ENTRIES:
         memo.clear()
-    return memo
+    return memo, entry[2]
 
 
 class StepPricer:
@@ -80,7 +83,7 @@ class StepPricer:
     def __init__(self, instance: Instance, calibration: Calibration, bits: int = 6) -> None:
         self.instance, self.calibration, self.bits = instance, calibration, bits
         self._memo: dict[tuple[bytes, float], StepTime] = {}
-        self._shared = _shared_memo(calibration)
+        self._shared, self._ops = _shared_memo(calibration)
         self._key = instance_key(instance)
         self.calls = 0
         """Steps priced through this pricer."""
@@ -119,6 +122,6 @@ class StepPricer:
             experts = expert_tokens * (top / float(expert_tokens[0]))
         batch = Batch(padded[:, 0], padded[:, 1], padded[:, 2], padded[:, 3], padded[:, 4],
                       expert_tokens=experts)
-        priced = step_time(self.instance, batch, self.calibration)
+        priced = step_time(self.instance, batch, cast(Calibration, self._ops))
         self._memo[key] = self._shared[(self._key, *key)] = priced
         return priced

@@ -1,0 +1,180 @@
+"""Operation prices remembered per point, so that a step the step memo has not seen is cheap.
+
+A step prices a dozen operations (GEMMs, attention modules, the MoE, the exchange), each through
+`Calibration`: a table lookup, an interpolation and a roofline, ~0.1 ms a call. In a run the
+same operations come back with the same fixed arguments (shapes, dtypes, the instance) and a
+few recurring values of their varying ones: the step memo (`simulator.des.pricing`) rounds every
+rank's row to 6 significant bits, so a new step signature is mostly made of rows, and so of
+operation points, that earlier steps priced. `CachedCalibration` stands in for a `Calibration`:
+per operation and fixed arguments it remembers the price of each point (one value of each
+varying argument), and prices the points it has not seen with the wrapped calibration in one
+vectorised call. A price is the wrapped calibration's price of that point, bit for bit, so a
+step priced through it is the step priced directly.
+
+Provenance: a point carries the source of the call that priced it, which is the least
+trustworthy of the points priced together (ranks of one step); a query reports the least
+trustworthy of its points: never better than direct pricing, worse only where a point was first
+priced beside a less trustworthy one.
+
+It is not an interpolating grid: the step memo's rounding is the only approximation, because
+the cost model's own prices are not smooth enough to interpolate within 0.5 % everywhere (the
+DeepSeek-V4 prefill attention module jumps by up to 2x within 2 % of context where a measured
+table's range ends; a sparse MoE table by 30 % at 32 tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+
+from simulator.calibration import Calibration, Priced
+from simulator.calibration.grid import SOURCES
+
+MAX_POINTS = 2_000_000
+"""Points one CachedCalibration keeps over all its operations; past it, it starts afresh."""
+
+VARYING: dict[str, tuple[int, ...]] = {
+    "gemm": (0,),
+    "moe": (0,),
+    "moe_wideep": (0,),
+    "mega_moe": (0,),
+    "mhc": (0,),
+    "all_to_all": (0,),
+    "allreduce": (0,),
+    "collective": (1,),
+    "attention_context": (0, 1),
+    "attention_generation": (0, 1),
+    "mla_context": (0, 1),
+    "mla_generation": (0, 1),
+    "gdn": (2, 3),
+    "dsa_module": (2, 3, 4),
+    "dsv4_module": (3, 4, 5),
+}
+"""Operation (a Calibration method) -> positions of its varying arguments (per-point values:
+tokens, batch, context, bytes); every other argument is fixed for a grid. Methods not listed
+are passed through to the wrapped calibration."""
+
+def _fixed(value: Any) -> Any:
+    """A hashable stand-in for a fixed argument, by content (dataclasses by their fields,
+    pydantic models by their JSON, dicts sorted)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _fixed(v)) for k, v in value.items()))
+    if is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__, *(_fixed(getattr(value, f.name)) for f in fields(value)))
+    if isinstance(value, BaseModel):
+        return (type(value).__name__, value.model_dump_json())
+    if isinstance(value, list | tuple):
+        return tuple(_fixed(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return (value.shape, value.tobytes())
+    return value
+
+
+class _Points:
+    """The priced points of one operation with its fixed arguments."""
+
+    def __init__(self) -> None:
+        self.index: dict[bytes, int] = {}
+        self.ms = np.zeros(0)
+        self.code = np.zeros(0, dtype=np.int64)
+        self.table: list[str] = []
+        self.none = False
+        """The operation answered None (no table for it): it does for every point."""
+
+    def add(self, keys: list[bytes], ms: np.ndarray, code: int, table: str) -> None:
+        base = len(self.table)
+        for i, k in enumerate(keys):
+            self.index[k] = base + i
+        self.ms = np.concatenate([self.ms, ms])
+        self.code = np.concatenate([self.code, np.full(len(keys), code, dtype=np.int64)])
+        self.table.extend([table] * len(keys))
+
+
+class CachedCalibration:
+    """A Calibration whose listed operations remember their prices per point (module doc)."""
+
+    def __init__(self, calibration: Calibration) -> None:
+        self.calibration = calibration
+        self._memo: dict[tuple[Any, ...], _Points] = {}
+        self.points = 0
+        """Points priced by the wrapped calibration so far."""
+        self.calls = 0
+        """Calls into the wrapped calibration."""
+        self._objects: dict[int, tuple[Any, Any]] = {}
+        """id(object argument) -> (the object, kept so that its id stays its own; its key)."""
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.calibration, name)
+        if name not in VARYING:
+            return method
+        varying = VARYING[name]
+
+        def priced(*args: Any, **kwargs: Any) -> Priced | None:
+            return self._price(name, method, varying, args, kwargs)
+
+        return priced
+
+    def _price(self, name: str, method: Callable[..., Priced | None],
+               varying: tuple[int, ...], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> Priced | None:
+        fixed = tuple(self._key(a) for i, a in enumerate(args) if i not in varying)
+        key = (name, fixed, tuple(sorted((k, _fixed(v)) for k, v in kwargs.items())))
+        memo = self._memo.get(key)
+        if memo is None:
+            if self.points > MAX_POINTS:
+                self._memo.clear()
+                self.points = 0
+            memo = self._memo[key] = _Points()
+        if memo.none:
+            return None
+        values = np.broadcast_arrays(*(np.atleast_1d(np.asarray(args[i], dtype=float))
+                                       for i in varying))
+        x = np.ascontiguousarray(np.stack([v.ravel() for v in values], axis=1))  # (n, dims)
+        raw = x.tobytes()
+        width = x.shape[1] * 8
+        keys = [raw[i:i + width] for i in range(0, len(raw), width)]
+        index = memo.index
+        at = [index.get(k, -1) for k in keys]
+        if -1 in at:
+            new = [i for i, a in enumerate(at) if a < 0]
+            new_keys = list(dict.fromkeys(keys[i] for i in new))
+            rows = np.frombuffer(b"".join(new_keys), dtype=float).reshape(-1, x.shape[1])
+            if not self._fill(memo, method, varying, args, kwargs, new_keys, rows):
+                return None
+            at = [index[k] for k in keys]
+        pos = np.array(at, dtype=np.int64)
+        ms = memo.ms[pos].reshape(values[0].shape)
+        tables = dict.fromkeys(memo.table[i] for i in at)
+        return Priced(ms, SOURCES[int(memo.code[pos].max())], " + ".join(tables))
+
+    def _key(self, value: Any) -> Any:
+        """`_fixed(value)`, remembered per object for objects (an instance, a kind)."""
+        if isinstance(value, int | float | str | bool | None):
+            return value
+        held = self._objects.get(id(value))
+        if held is None:
+            held = self._objects[id(value)] = (value, _fixed(value))
+        return held[1]
+
+    def _fill(self, memo: _Points, method: Callable[..., Priced | None],
+              varying: tuple[int, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
+              keys: list[bytes], rows: np.ndarray) -> bool:
+        """Price the points `rows` (their `keys`) with the wrapped calibration in one call;
+        False when the operation has no price (None) for them."""
+        call = list(args)
+        for j, i in enumerate(varying):
+            call[i] = rows[:, j].copy()
+        got = method(*call, **kwargs)
+        self.calls += 1
+        if got is None:
+            memo.none = True
+            return False
+        n = len(keys)
+        memo.add(keys, np.broadcast_to(np.asarray(got.ms, dtype=float), (n,)).copy(),
+                 SOURCES.index(got.source), got.table)
+        self.points += n
+        return True

@@ -1,0 +1,88 @@
+"""Operation prices remembered per point (simulator.cost.price_cache) are the direct prices."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+import pytest
+
+from simulator.calibration import Calibration, load_calibration
+from simulator.cost import Batch, step_time
+from simulator.cost.price_cache import CachedCalibration
+from simulator.cost.step import instance_from_role
+from simulator.specs.deployment import RoleSpec, Speculative
+from simulator.specs.hardware import load_hardware
+from simulator.specs.model import load_model
+
+def as_cal(cached: CachedCalibration) -> Calibration:
+    """What the cost model takes (a CachedCalibration stands in for one)."""
+    return cast(Calibration, cached)
+
+
+ROLES = [
+    ("decode", RoleSpec(instances=1, dep=8, speculative=Speculative(tokens=2, acceptance=0.7))),
+    ("prefill", RoleSpec(instances=1, dep=4)),
+    ("decode", RoleSpec(instances=1, dep=8, dbo=True)),
+    ("aggregated", RoleSpec(instances=1, tp=8)),
+]
+
+
+def _batches(role: str, dp: int, seed: int, n: int) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+
+    def spread(lo: float, hi: float) -> np.ndarray:
+        return np.exp(rng.uniform(np.log(lo), np.log(hi), dp))
+
+    out = []
+    for _ in range(n):
+        z = np.zeros(dp)
+        if role == "decode":
+            out.append(Batch(rng.integers(1, 129, dp).astype(float), spread(100, 1e6), z, z, z))
+        elif role == "prefill":
+            out.append(Batch(z, z, rng.integers(1, 16385, dp).astype(float),
+                             rng.integers(1, 5, dp).astype(float),
+                             np.where(rng.random(dp) < 0.3, 0.0, spread(1, 5e5))))
+        else:
+            out.append(Batch(rng.integers(0, 64, dp).astype(float), spread(100, 2e5),
+                             rng.integers(1, 8193, dp).astype(float), np.ones(dp),
+                             spread(1, 1e5)))
+    return out
+
+
+@pytest.mark.parametrize("model,hardware", [("deepseek-v4-flash", "gb300"),
+                                            ("deepseek-v3", "h200")])
+def test_cached_prices_are_the_direct_prices_with_their_provenance(model: str,
+                                                                   hardware: str) -> None:
+    hw, m = load_hardware(hardware), load_model(model)
+    cal = load_calibration(hw)
+    cached = CachedCalibration(cal)
+    for k, (role, spec) in enumerate(ROLES):
+        inst = instance_from_role(m, hw, role, spec, "fp8", "fp8")
+        batches = _batches(role, inst.dp, k, 25)
+        for batch in batches + batches[:5]:  # the repeats come from the memo
+            direct = step_time(inst, batch, cal)
+            got = step_time(inst, batch, as_cal(cached))
+            assert got.total_ms == pytest.approx(direct.total_ms, rel=1e-12)
+            assert got.parts == pytest.approx(direct.parts, rel=1e-12)
+            assert got.provenance == direct.provenance
+            assert got.source == direct.source
+
+
+def test_a_point_priced_once_is_not_priced_again() -> None:
+    hw, m = load_hardware("h200"), load_model("deepseek-v3")
+    cached = CachedCalibration(load_calibration(hw))
+    inst = instance_from_role(m, hw, "decode", RoleSpec(instances=1, dep=8), "fp8", "fp8")
+    batch = _batches("decode", inst.dp, 7, 1)[0]
+    first = step_time(inst, batch, as_cal(cached))
+    calls, points = cached.calls, cached.points
+    assert calls > 0 and points > 0
+    again = step_time(inst, batch, as_cal(cached))
+    assert (cached.calls, cached.points) == (calls, points)
+    assert again.total_ms == first.total_ms
+    # one rank's row changed: only that rank's points are new
+    rows = batch.decode_requests.copy()
+    rows[0] += 1
+    step_time(inst, Batch(rows, batch.decode_context, batch.prefill_tokens,
+                          batch.prefill_requests, batch.prefill_context), as_cal(cached))
+    assert cached.points - points < points / 2

@@ -142,21 +142,24 @@ class Engine:
         self._loading = np.zeros(self.dp)
         """Per rank: prompt tokens of requests waiting for their blocks from the host tier."""
 
-    def cached_on(self, rank: int, rid: int) -> int:
-        """Prompt tokens of request `rid` that `rank` holds (HBM or host tier), for a router."""
+    def rank_queued(self) -> np.ndarray:
+        """Per rank: prompt tokens still to compute, loads from the host tier included."""
+        out: np.ndarray = self.chunks.outstanding + self._loading
+        return out
+
+    def rank_requests(self) -> np.ndarray:
+        """Per rank: requests queued and prefilling (and decoding, where it decodes)."""
+        return self.chunks.requests().astype(float)
+
+    def rank_cached(self, rid: int) -> np.ndarray:
+        """Per rank: prompt tokens of request `rid` held there (HBM or host tier), for a
+        router."""
         blocks = self.table.blocks[rid]
         if blocks is None or self.cache is None:
-            return 0
-        n = self.cache.peek(rank, blocks)
-        return cached_tokens(n, int(self.table.input_len[rid]), self.table.block_tokens)
-
-    def queued_on(self, rank: int) -> float:
-        """Prompt tokens still to compute on `rank`, loads from the host tier included."""
-        return float(self.chunks.outstanding[rank] + self._loading[rank])
-
-    def requests_on(self, rank: int) -> float:
-        """Requests on `rank`: queued and prefilling (and decoding, where it decodes)."""
-        return float(len(self.chunks.queues[rank]) + len(self.chunks.running[rank]))
+            return np.zeros(self.dp)
+        n, bt = int(self.table.input_len[rid]), self.table.block_tokens
+        return np.array([cached_tokens(self.cache.peek(r, blocks), n, bt)
+                         for r in range(self.dp)], dtype=float)
 
     def _enqueue_prompt(self, rid: int, rank: int | None = None) -> None:
         """Queue a request's uncached prompt tokens for chunked prefill, on `rank` (default: the
@@ -354,8 +357,8 @@ class AggregatedEngine(DecodeEngine):
         """A request to prefill (and then decode) here (on `rank`, or the least busy)."""
         self._enqueue_prompt(rid, rank)
 
-    def requests_on(self, rank: int) -> float:
-        return super().requests_on(rank) + float(self.slots.requests()[rank])
+    def rank_requests(self) -> np.ndarray:
+        return super().rank_requests() + self.slots.requests()
 
     def _reserve(self, rank: int, rid: int) -> int | None:
         output = 0.0 if self.finish_at_prefill else float(self.table.output_len[rid])

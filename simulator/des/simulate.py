@@ -46,7 +46,7 @@ from simulator.resolve import resolve
 from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.errors import SpecError
 from simulator.specs.model import ModelSpec
-from simulator.specs.routing import Candidate, Router
+from simulator.specs.routing import Candidate, Candidates, Router
 from simulator.specs.workload import ClosedArrival, SessionsArrival, TraceArrival, Workload
 
 
@@ -279,16 +279,18 @@ class _Run:
         key = session if session >= 0 else None
         if not router.policy.uses_prefix:
             return self._pick(role, key), None
-        prompt = float(self.table.input_len[rid])
-        places: list[tuple[Engine, int]] = []
-        cands = []
-        for e in engines:
-            assert isinstance(e, PrefillEngine | AggregatedEngine)
-            for r in range(e.dp):
-                places.append((e, r))
-                cands.append(Candidate(queued_tokens=e.queued_on(r), requests=e.requests_on(r),
-                                       cached_tokens=e.cached_on(r, rid), prompt_tokens=prompt))
-        return places[router.pick(cands, key)]
+        places = [e for e in engines if isinstance(e, PrefillEngine | AggregatedEngine)]
+        cols = Candidates(
+            np.concatenate([e.rank_queued() for e in places]),
+            np.concatenate([e.rank_requests() for e in places]),
+            np.concatenate([e.rank_cached(rid) for e in places]),
+            float(self.table.input_len[rid]))
+        i = router.pick(cols, key)
+        for e in places:  # candidate i is rank i of the instances' ranks in order
+            if i < e.dp:
+                return e, i
+            i -= e.dp
+        raise AssertionError("a router picked a candidate it was not given")
 
     def submit(self, rid: int) -> None:
         """A request arrived; it reaches the scheduler after the API overhead."""

@@ -16,7 +16,9 @@ what it can see of a prompt (characters of its text); a policy only compares can
 | `least_requests`   | fewest requests in flight (per DP rank: the report's decode choice)      |
 | `round_robin`      | each candidate in turn (a baseline)                                      |
 
-Ties go to the candidate listed first.
+Ties go to the candidate listed first. A router also takes the candidates as columns
+(`Candidates`, one array per field), which is how the simulator hands it every DP rank of every
+instance at once; a policy's cost is the same expression over either form.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
+
+import numpy as np
 
 RouterPolicy = Literal["prefix_aware", "session_affinity", "least_tokens", "least_requests",
                        "round_robin"]
@@ -51,20 +55,39 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Candidates:
+    """Candidates as columns: each field one value per candidate, in candidate order."""
+
+    queued_tokens: np.ndarray
+    requests: np.ndarray
+    cached_tokens: np.ndarray
+    prompt_tokens: np.ndarray | float = 0.0
+
+    @property
+    def new_tokens(self) -> np.ndarray:
+        out: np.ndarray = np.maximum(self.prompt_tokens - self.cached_tokens, 0.0)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.queued_tokens)
+
+
+@dataclass(frozen=True)
 class Policy:
     """One row of the table."""
 
     name: str
     summary: str
-    cost: Callable[[Candidate], tuple[float, ...]] | None
-    """Lexicographic cost of a candidate (least wins); None for round-robin."""
+    cost: Callable[[Any], tuple[Any, ...]] | None
+    """Lexicographic cost of a candidate (least wins), written so that it also gives the
+    columns of costs of `Candidates`; None for round-robin."""
     uses_prefix: bool = False
     """Needs each candidate's cached_tokens for the request (a prefix index)."""
     sticky: bool = False
     """Pins a session to the candidate it first went to."""
 
 
-def _prefix_cost(c: Candidate) -> tuple[float, ...]:
+def _prefix_cost(c: Any) -> tuple[Any, ...]:
     return (c.new_tokens + c.queued_tokens, c.requests)
 
 
@@ -94,6 +117,19 @@ SESSION_MEMORY = 65536
 long-running proxy's memory stays bounded."""
 
 
+def _least(cost: Callable[[Any], tuple[Any, ...]],
+           candidates: Sequence[Candidate] | Candidates) -> int:
+    """Index of the least cost, the first of equals: over columns in numpy (lexsort is
+    stable), over a short list in Python."""
+    if isinstance(candidates, Candidates):
+        n = len(candidates)
+        keys = [k if isinstance(k, np.ndarray) and k.shape == (n,) else np.full(n, k)
+                for k in cost(candidates)]
+        return int(np.lexsort(keys[::-1])[0])
+    costs = [cost(c) for c in candidates]
+    return costs.index(min(costs))
+
+
 class Router:
     """A policy with its state (round-robin position, session pins)."""
 
@@ -105,7 +141,8 @@ class Router:
         self._next = 0
         self._pins: OrderedDict[Hashable, int] = OrderedDict()
 
-    def pick(self, candidates: Sequence[Candidate], session: Hashable | None = None) -> int:
+    def pick(self, candidates: Sequence[Candidate] | Candidates,
+             session: Hashable | None = None) -> int:
         """Index of the chosen candidate."""
         n = len(candidates)
         if n == 0:
@@ -120,8 +157,7 @@ class Router:
             i = self._next % n
             self._next += 1
         else:
-            costs = [p.cost(c) for c in candidates]
-            i = costs.index(min(costs))
+            i = _least(p.cost, candidates)
         if p.sticky and session is not None:
             self._pins[session] = i
             self._pins.move_to_end(session)

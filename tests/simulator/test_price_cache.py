@@ -15,6 +15,7 @@ from simulator.specs.deployment import RoleSpec, Speculative
 from simulator.specs.hardware import load_hardware
 from simulator.specs.model import load_model
 
+
 def as_cal(cached: CachedCalibration) -> Calibration:
     """What the cost model takes (a CachedCalibration stands in for one)."""
     return cast(Calibration, cached)

@@ -247,7 +247,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         workload=defaults.load_workload_arg(args.workload),
         slos=merge_slos(slos) if slos or args.slo_file else defaults.SLOS,
         objective=args.objective, trials=args.trials, seed=args.seed, storage=args.storage,
-        study=args.study, workers=args.workers, screen=not args.no_screen,
+        study=args.study, batch=args.batch, workers=args.workers, screen=not args.no_screen,
         max_simulations=args.max_simulations)
     with _search_progress(config.trials) as update:
         study = run_search(config, progress=lambda n, trials: update(
@@ -445,9 +445,15 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {defaults.STORAGE})")
     p.add_argument("--study", help="study name (default: derived from the search, so the same "
                                    "search resumes)")
+    p.add_argument("--batch", type=int, default=4,
+                   help="evaluations per round, chosen together; the answer depends on the "
+                        "seed and batch, not on --workers (default 4)")
     p.add_argument("--workers", type=int, default=1,
-                   help="local processes sharing the storage (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+                   help="local processes evaluating a round's points, at most --batch "
+                        "(default 1)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampler seed; searches sharing a study from several machines each "
+                        "need their own (default 0)")
     p.add_argument("--max-simulations", type=int, metavar="N",
                    help="stop once the study has run N simulations (default: no limit)")
     p.add_argument("--no-screen", action="store_true",

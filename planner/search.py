@@ -12,19 +12,29 @@ Each trial draws a deployment from the space and goes as far as it deserves:
    simulated before reuses its metrics instead of running again. An evaluation that raises
    (other than for bad input) is told FAIL with its error, and the search goes on.
 
+The loop runs in rounds. A round asks trials until `batch` of them wait for an evaluation (the
+rejected and screened-out ones are told at once), evaluates those — in parallel over `workers`
+processes — and tells them in the order they were asked. Every decision in a round sees the same
+finished trials however many workers evaluate, so for a fixed seed and batch the study, trial by
+trial, is the same with 1 worker or N; workers change only the wall time.
+
 Every trial carries one user attribute, ``record``: its stage, reason, deployment, screen
 estimate and metrics. The study lives in an Optuna storage, so a search resumes where it
-stopped (`trials` counts the study's finished trials) and N worker processes can share it.
+stopped, and searches on several machines can share one study (each its own seed). The budget
+is the study's first `trials` trial numbers: a search asks only while the study holds fewer
+trials (or some of those wait, enqueued), and gives a trial numbered beyond it back as WAITING,
+so however many searches share a study, exactly `trials` trials finish and none is run twice.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
-import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -43,6 +53,7 @@ from planner.storage import (
     study_name,
 )
 from simulator.calibration.serving import ServingOverhead
+from simulator.specs.deployment import Deployment
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import dump_deployment, dump_workload
 from simulator.specs.workload import Workload
@@ -51,12 +62,12 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 REJECTED_VIOLATION = 1e3
 """Constraint value of a rejected point: worse than any SLO miss."""
 Progress = Callable[[int, list[FrozenTrial]], None]
-"""Called after each trial with the finished count and the study's trials."""
+"""Called after each trial with the finished count and the finished trials."""
 
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """Everything that defines one search (picklable, sent to worker processes)."""
+    """Everything that defines one search (picklable)."""
 
     space: SearchSpace
     workload: Workload
@@ -64,14 +75,17 @@ class SearchConfig:
     objective: str = "slo"
     """slo: most throughput per GPU within the SLOs; pareto: throughput/GPU vs tokens/s/user."""
     trials: int = 100
-    """Finished trials the study should hold; a resumed study runs only the rest."""
+    """Trials the study should hold, finished; a resumed study runs only the rest."""
     seed: int = 0
-    """TPE sampler seed (worker i uses seed + i)."""
+    """TPE sampler seed; searches sharing one study from several machines each need their own."""
     storage: str = DEFAULT_STORAGE
     study: str | None = None
     """Study name; None: derived from the space, workload, SLOs and objective."""
+    batch: int = 4
+    """Evaluations per round: chosen together from the trials finished before the round, then
+    evaluated in parallel; the answer depends on the seed and batch, never on workers."""
     workers: int = 1
-    """Local processes running the loop on the shared storage."""
+    """Local processes evaluating a round's points (1: in this process); at most batch."""
     screen: bool = True
     """Screen points analytically before simulating (multi-fidelity)."""
     slack: float = 0.15
@@ -121,49 +135,144 @@ def finished(study: optuna.Study) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False, states=FINISHED)
 
 
-def make_sampler(config: SearchConfig, worker: int) -> optuna.samplers.TPESampler:
-    """Seeded multivariate TPE that models conditional parameters in groups."""
+def make_sampler(config: SearchConfig) -> optuna.samplers.TPESampler:
+    """Seeded multivariate TPE that models conditional parameters in groups, over finished
+    trials only (no constant liar: a round's points are chosen from what has finished, and TPE
+    reads the study once per trial instead of once per parameter group)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=config.seed + worker, multivariate=True,
-                                          group=True, n_startup_trials=config.startup_trials)
+        return optuna.samplers.TPESampler(seed=config.seed, multivariate=True, group=True,
+                                          n_startup_trials=config.startup_trials,
+                                          constant_liar=False)
+
+
+@dataclass
+class _Pending:
+    """An asked trial waiting in its round for an evaluation."""
+
+    trial: optuna.Trial
+    deployment: Deployment
+    record: dict[str, Any]
+    key: str
+    first: int | None = None
+    """Number of the earlier pending trial of the same deployment (evaluated once for both)."""
+
+
+@dataclass
+class _History:
+    """The finished trials one loop knows, kept as they finish (never re-read per trial)."""
+
+    trials: list[FrozenTrial] = field(default_factory=list)
+    numbers: set[int] = field(default_factory=set)
+    params: dict[int, dict[str, Any]] = field(default_factory=dict)
+    seen: list[Seen] = field(default_factory=list)
+    """What the gate learns from (see `_seen`)."""
+    simulated: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The first simulation of each deployment (by key)."""
+    simulations: int = 0
+
+    def add(self, trial: FrozenTrial) -> None:
+        if trial.number in self.numbers or trial.state not in FINISHED:
+            return
+        self.trials.append(trial)
+        self.numbers.add(trial.number)
+        self.params[trial.number] = trial.params
+        for r in records([trial]):
+            self.seen.extend(_seen([r]))
+            if r["stage"] == "simulated" and "reused" not in r:
+                self.simulations += 1
+                self.simulated.setdefault(_key(r["deployment"]), r)
 
 
 class Loop:
-    """One worker's loop over one study."""
+    """One search's loop over one study."""
 
-    def __init__(self, config: SearchConfig, evaluate: Evaluate | None = None,
-                 worker: int = 0) -> None:
+    def __init__(self, config: SearchConfig, evaluate: Evaluate | None = None) -> None:
         self.config = config
         self.evaluate = evaluate or Simulator(config.workload)
         self.study = open_study(open_storage(config.storage), config.study_name(),
-                                config.directions, make_sampler(config, worker))
+                                config.directions, make_sampler(config))
         warmup = min(8, config.trials // 10) if config.warmup is None else config.warmup
         self.gate = Gate(config.slos, config.objective, slack=config.slack,
                          margin=config.margin, warmup=warmup)
+        self.history = _History()
         self._screens: dict[bool, Screen] = {}
         self._enqueued: set[int] = set()
+        self._count = 0
+        """Trials the study holds, as far as this loop knows."""
+        self._waiting: set[int] = set()
+        """Numbers below the budget of trials waiting to be asked (enqueued)."""
         self.simulations = 0
         """Evaluations this loop ran (reuses not counted)."""
 
-    def run(self, quota: int, progress: Progress | None = None) -> None:
-        """Run up to `quota` trials, stopping once the study holds `config.trials` (or
-        `config.max_simulations` simulations)."""
-        cap = self.config.max_simulations
-        for _ in range(quota):
-            done = finished(self.study)
-            if len(done) >= self.config.trials:
-                break
-            if cap is not None and simulations(done) >= cap:
-                break
-            self.step(done)
-            if progress is not None:
-                trials = finished(self.study)
-                progress(len(trials), trials)
+    def run(self, progress: Progress | None = None, pool: Executor | None = None) -> None:
+        """Run rounds until the study's budget of trials is taken (or `max_simulations`
+        reached), evaluating on `pool` when given, else in this process."""
+        while self._round(progress, pool):
+            pass
 
-    def step(self, history: list[FrozenTrial]) -> FrozenTrial:
-        """Ask one trial, take it as far as it deserves, tell it."""
+    def _sync(self) -> None:
+        """Read the study once: trials other searches finished, and what is left to ask."""
+        trials = self.study.get_trials(deepcopy=False)
+        for t in trials:
+            self.history.add(t)
+        self._count = len(trials)
+        self._waiting = {t.number for t in trials
+                         if t.state == TrialState.WAITING and t.number < self.config.trials}
+
+    def _round(self, progress: Progress | None, pool: Executor | None) -> bool:
+        """One round; False when nothing more is to be asked."""
+        self._sync()
+        cap, batch = self.config.max_simulations, self.config.batch
+        pending: list[_Pending] = []
+        trial: optuna.Trial | None = None
+        more = True
+        try:
+            while (runs := sum(p.first is None for p in pending)) < batch:
+                if cap is not None and self.history.simulations + runs >= cap:
+                    more = False
+                    break
+                trial = self._ask()
+                if trial is None:
+                    more = False
+                    break
+                told = self._step(trial, pending)
+                trial = None
+                if told is not None:
+                    self._told(told, progress)
+            for told in self._evaluate(pending, pool):
+                self._told(told, progress)
+        except BaseException as e:  # interrupted, or a worker died: leave no trial running
+            for t in [*(p.trial for p in pending), *([trial] if trial else [])]:
+                self.study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
+            if isinstance(e, BrokenProcessPool):
+                raise RuntimeError(f"a search worker process died ({e})") from None
+            raise
+        return more
+
+    def _ask(self) -> optuna.Trial | None:
+        """A trial within the budget, or None when the budget is taken (a trial asked beyond
+        it, because another search took the last ones meanwhile, goes back to WAITING)."""
+        if self._count >= self.config.trials and not self._waiting:
+            return None
         trial = self.study.ask()
+        self._waiting.discard(trial.number)
+        self._count = max(self._count, trial.number + 1)
+        if trial.number >= self.config.trials:
+            # Trial ids are private in Optuna's Trial; the storage API needs one.
+            self.study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+            self._waiting.clear()
+            return None
+        return trial
+
+    def _told(self, trial: FrozenTrial, progress: Progress | None) -> None:
+        self.history.add(trial)
+        if progress is not None:
+            progress(len(self.history.trials), self.history.trials)
+
+    def _step(self, trial: optuna.Trial, pending: list[_Pending]) -> FrozenTrial | None:
+        """Take an asked trial as far as can be decided now: told (rejected, reused, screened
+        out) or left pending in the round for an evaluation (None)."""
         deployment = suggest(trial, self.config.space)
         record: dict[str, Any] = {"deployment": dump_deployment(deployment),
                                   "layout": "pd" if deployment.disaggregated else "aggregated"}
@@ -174,49 +283,75 @@ class Loop:
         except SpecError as e:
             return self._prune(trial, {**record, "stage": "rejected", "reason": str(e)},
                                REJECTED_VIOLATION)
-        past = records(history)
         key = _key(record["deployment"])
-        earlier = next((r for r in past if r["stage"] == "simulated"
-                        and _key(r["deployment"]) == key), None)
+        earlier = self.history.simulated.get(key)
         if earlier is not None:
             record.update(stage="simulated", metrics=earlier["metrics"],
                           screen=earlier.get("screen"), reused=earlier["number"])
             return self._complete(trial, record)
+        twin = next((p for p in pending if p.key == key and p.first is None), None)
+        if twin is not None:
+            record["screen"] = twin.record.get("screen")
+            pending.append(_Pending(trial, deployment, record, key, twin.trial.number))
+            return None
         if self.config.screen:
             estimate = self._screen(deployment.disaggregated, overhead)(resolved)
             record["screen"] = estimate
-            decision = self.gate.decide(record["layout"], estimate, _seen(past))
+            waiting = [Seen(p.trial.number, p.record["layout"], p.record.get("screen"))
+                       for p in pending]
+            decision = self.gate.decide(record["layout"], estimate,
+                                        [*self.history.seen, *waiting])
             if not decision.simulate:
-                self._enqueue(decision.blocker, history)
+                if all(decision.blocker != p.trial.number for p in pending):
+                    self._enqueue(decision.blocker)
                 value = objective_values(estimate, self.config.objective)[0]
                 if len(self.config.directions) == 1:
                     trial.report(value, step=0)
                 return self._prune(trial, {**record, "stage": "screened_out",
                                            "reason": decision.reason},
                                    violation(estimate, self.config.slos))
-        try:
-            metrics = self.evaluate(deployment)
-        except SpecError as e:
-            return self._prune(trial, {**record, "stage": "rejected", "reason": str(e)},
-                               REJECTED_VIOLATION)
-        except Exception as e:  # a simulator bug on one point should not end the search
-            trial.set_user_attr("record", _plain(
-                {**record, "stage": "failed", "reason": f"{type(e).__name__}: {e}"}))
-            return self.study.tell(trial, state=TrialState.FAIL)
-        except BaseException:  # interrupted: leave no trial running
-            self.study.tell(trial, state=TrialState.FAIL)
-            raise
-        self.simulations += 1
-        record.update(stage="simulated", metrics=metrics)
-        return self._complete(trial, record)
+        pending.append(_Pending(trial, deployment, record, key))
+        return None
 
-    def _enqueue(self, number: int | None, history: list[FrozenTrial]) -> None:
+    def _evaluate(self, pending: list[_Pending], pool: Executor | None) -> list[FrozenTrial]:
+        """Evaluate the round's distinct deployments (on the pool when given) and tell every
+        pending trial, in the order they were asked."""
+        runs = [p for p in pending if p.first is None]
+        if pool is None:
+            outcomes = [_outcome(self.evaluate, p.deployment) for p in runs]
+        else:
+            futures: list[Future[tuple[str, Any]]] = [
+                pool.submit(_outcome, self.evaluate, p.deployment) for p in runs]
+            outcomes = [f.result() for f in futures]
+        by_number = {p.trial.number: o for p, o in zip(runs, outcomes, strict=True)}
+        told = []
+        for p in pending:
+            kind, value = by_number[p.trial.number if p.first is None else p.first]
+            if kind == "rejected":
+                told.append(self._prune(p.trial, {**p.record, "stage": "rejected",
+                                                  "reason": value}, REJECTED_VIOLATION))
+            elif kind == "failed":
+                p.trial.set_user_attr("record", _plain(
+                    {**p.record, "stage": "failed", "reason": value}))
+                told.append(self.study.tell(p.trial, state=TrialState.FAIL))
+            else:
+                record = {**p.record, "stage": "simulated", "metrics": value}
+                if p.first is not None:
+                    record["reused"] = p.first
+                else:
+                    self.simulations += 1
+                told.append(self._complete(p.trial, record))
+        return told
+
+    def _enqueue(self, number: int | None) -> None:
         """Ask again, next, for a screened point that keeps others out, so it is simulated."""
-        if number is None or number in self._enqueued:
+        if number is None or number in self._enqueued or number not in self.history.params:
             return
         self._enqueued.add(number)
-        params = next(t.params for t in history if t.number == number)
-        self.study.enqueue_trial(params, skip_if_exists=False)
+        self.study.enqueue_trial(self.history.params[number], skip_if_exists=False)
+        if self._count < self.config.trials:
+            self._waiting.add(self._count)
+        self._count += 1
 
     def _screen(self, disaggregated: bool, overhead: ServingOverhead) -> Screen:
         if disaggregated not in self._screens:
@@ -237,6 +372,17 @@ class Loop:
         return self.study.tell(trial, objective_values(metrics, self.config.objective))
 
 
+def _outcome(evaluate: Evaluate, deployment: Deployment) -> tuple[str, Any]:
+    """("simulated", metrics), ("rejected", reason) or ("failed", reason); runs in a worker
+    process, so exceptions come back as plain data."""
+    try:
+        return "simulated", evaluate(deployment)
+    except SpecError as e:
+        return "rejected", str(e)
+    except Exception as e:  # a simulator bug on one point should not end the search
+        return "failed", f"{type(e).__name__}: {e}"
+
+
 def _key(deployment: dict[str, Any]) -> str:
     return json.dumps(deployment, sort_keys=True)
 
@@ -246,7 +392,7 @@ def _plain(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=float))
 
 
-def _seen(past: list[dict[str, Any]]) -> list[Seen]:
+def _seen(past: Sequence[dict[str, Any]]) -> list[Seen]:
     """What the gate learns from: simulations (not reuses) and screened-out points (not those
     screened out as twins of a simulated one)."""
     out = []
@@ -259,47 +405,27 @@ def _seen(past: list[dict[str, Any]]) -> list[Seen]:
     return out
 
 
-def _worker(config: SearchConfig, quota: int, worker: int, evaluate: Evaluate | None) -> None:
-    Loop(config, evaluate, worker).run(quota)
-
-
 def run_search(config: SearchConfig, evaluate: Evaluate | None = None,
                progress: Progress | None = None) -> optuna.Study:
-    """Run the search to `config.trials` finished trials and return its study.
+    """Run the search until the study holds `config.trials` trials and return its study.
 
-    One worker runs in this process; more run as spawned processes, each with a share of the
-    remaining trials (so together they finish exactly that many), polled for `progress`.
-    `evaluate` must be picklable when workers > 1.
+    With workers > 1 a round's evaluations run in that many spawned processes (`evaluate`
+    must then be picklable); the trials are the same as with one.
     """
-    if config.workers < 1:
-        raise SpecError(f"--workers={config.workers} must be >= 1")
     if config.trials < 1:
         raise SpecError(f"--trials={config.trials} must be >= 1")
+    if config.batch < 1:
+        raise SpecError(f"--batch={config.batch} must be >= 1")
+    if not 1 <= config.workers <= config.batch:
+        raise SpecError(f"--workers={config.workers} must be between 1 and --batch="
+                        f"{config.batch} (a round evaluates at most batch points at once)")
     if config.workload.mode != "serve":
         raise SpecError(f"search needs workload mode 'serve', not {config.workload.mode!r}")
+    loop = Loop(config, evaluate)
     if config.workers == 1:
-        loop = Loop(config, evaluate)
-        loop.run(max(config.trials - len(finished(loop.study)), 0), progress)
-        return loop.study
-    study = open_study(open_storage(config.storage), config.study_name(), config.directions)
-    remaining = max(config.trials - len(finished(study)), 0)
-    shares = [remaining // config.workers + (i < remaining % config.workers)
-              for i in range(config.workers)]
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(config, n, i, evaluate), daemon=True)
-             for i, n in enumerate(shares) if n]
-    for p in procs:
-        p.start()
-    try:
-        while any(p.is_alive() for p in procs):
-            time.sleep(0.5)
-            if progress is not None:
-                trials = finished(study)
-                progress(len(trials), trials)
-    finally:
-        for p in procs:
-            p.join()
-    failed = [p.exitcode for p in procs if p.exitcode]
-    if failed:
-        raise RuntimeError(f"{len(failed)} search worker(s) failed (exit codes {failed})")
-    return study
+        loop.run(progress)
+    else:
+        with ProcessPoolExecutor(config.workers,
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            loop.run(progress, pool)
+    return loop.study

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +29,8 @@ DEFAULT_STORAGE = STORAGE
 """SQLite file under runs/ in the working directory."""
 SQLITE_TIMEOUT_S = 60
 """How long a process waits for another's write lock on an SQLite file."""
+SCHEMA_ATTEMPTS = 5
+"""Tries at opening a database whose tables another process is creating at the same moment."""
 
 
 def open_storage(url: str) -> BaseStorage:
@@ -49,7 +52,7 @@ def open_storage(url: str) -> BaseStorage:
         raise SpecError(f"--storage {url!r} is not a storage URL; use sqlite:///PATH, another "
                         "Optuna RDB URL (postgresql://...), or journal:PATH")
     try:
-        storage = RDBStorage(url, engine_kwargs=engine_kwargs)
+        storage = _rdb_storage(url, engine_kwargs)
     except (ImportError, ValueError) as e:
         raise SpecError(f"--storage {redact(url)!r} cannot be opened: "
                         f"{str(e).splitlines()[0]}") from None
@@ -59,6 +62,21 @@ def open_storage(url: str) -> BaseStorage:
     if url.startswith("sqlite:"):
         _fast_sqlite(storage)
     return storage
+
+
+def _rdb_storage(url: str, engine_kwargs: dict[str, Any]) -> RDBStorage:
+    """RDBStorage, tried again when another process created the same tables at the same
+    moment (searches started together on a new database)."""
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            return RDBStorage(url, engine_kwargs=engine_kwargs)
+        except sqlalchemy.exc.SQLAlchemyError as e:
+            text = str(e).lower()
+            if attempt + 1 == SCHEMA_ATTEMPTS or not any(
+                    s in text for s in ("already exists", "duplicate", "unique constraint")):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _fast_sqlite(storage: RDBStorage) -> None:

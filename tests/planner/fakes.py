@@ -3,6 +3,7 @@ them)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from simulator.specs.deployment import Deployment
@@ -55,3 +56,15 @@ class Planted:
 def constant(d: Deployment) -> dict[str, Any]:
     """The same metrics for every deployment."""
     return metrics(throughput=1000.0, user=50.0)
+
+
+class Sleepy:
+    """`constant` after a sleep: an evaluation that takes a while, so that searches sharing a
+    study overlap."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, d: Deployment) -> dict[str, Any]:
+        time.sleep(self.seconds)
+        return constant(d)

@@ -1,9 +1,10 @@
 """The search loop: rejection before simulation, SLOs, resuming, finding a planted optimum,
-worker processes on shared storage, and plan.yaml."""
+worker processes that do not change the answer, searches sharing one study, and plan.yaml."""
 
 import dataclasses
 import itertools
 import json
+import multiprocessing
 import subprocess
 import sys
 
@@ -14,13 +15,13 @@ import yaml
 from planner.cli import main
 from planner.objectives import SLO
 from planner.plan import build_plan, load_plan_or_deployment, summarize, write_plan
-from planner.search import SearchConfig, finished, records, run_search
+from planner.search import FINISHED, Loop, SearchConfig, finished, records, run_search
 from planner.space import build_space, check
 from planner.storage import open_storage, redact
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
 from simulator.specs.workload import ClosedArrival, FixedLength, Workload
-from tests.planner.fakes import BatchTradeoff, Planted, constant
+from tests.planner.fakes import BatchTradeoff, Planted, Sleepy, constant
 
 TINY = Workload(arrival=ClosedArrival(concurrency=8), requests=16,
                 input_tokens=FixedLength(value=512), output_tokens=FixedLength(value=16))
@@ -115,6 +116,78 @@ def test_the_same_seed_draws_the_same_trials(tmp_path):
     a = run_search(config(tmp_path / "a", trials=12), evaluate=constant)
     b = run_search(config(tmp_path / "b", trials=12), evaluate=constant)
     assert [t.params for t in finished(a)] == [t.params for t in finished(b)]
+
+
+def trial_log(study):
+    """Every trial's number, state, parameters and record: what must repeat exactly."""
+    return [(t.number, t.state, t.params, t.user_attrs.get("record"))
+            for t in study.get_trials(deepcopy=False)]
+
+
+def test_workers_split_the_evaluations_without_changing_the_study(tmp_path):
+    slos = (SLO("tok_s_user_p90", 50.0),)
+    runs = {(w, i): run_search(config(tmp_path / f"w{w}-{i}", slos=slos, trials=30, workers=w,
+                                      screen=True), evaluate=BatchTradeoff())
+            for w, i in ((1, 0), (3, 0), (3, 1))}
+    one = trial_log(runs[1, 0])
+    assert len(one) == 30 and any(r["stage"] == "screened_out" for *_, r in one)
+    assert trial_log(runs[3, 0]) == one and trial_log(runs[3, 1]) == one
+    assert summarize(trial_records(runs[3, 0]), slos).best == summarize(
+        trial_records(runs[1, 0]), slos).best
+
+
+def test_the_batch_is_part_of_the_answer_and_bounds_the_workers(tmp_path):
+    a = run_search(config(tmp_path / "a", trials=12, batch=1), evaluate=constant)
+    b = run_search(config(tmp_path / "b", trials=12, batch=4), evaluate=constant)
+    assert [t.params for t in finished(a)] != [t.params for t in finished(b)]
+    with pytest.raises(SpecError, match=r"--workers=5 must be between 1 and --batch=4"):
+        run_search(config(tmp_path, workers=5, batch=4), evaluate=constant)
+    with pytest.raises(SpecError, match=r"--batch=0 must be >= 1"):
+        run_search(config(tmp_path, batch=0), evaluate=constant)
+
+
+def test_a_trial_asked_beyond_the_budget_goes_back_to_waiting(tmp_path):
+    cfg = config(tmp_path, trials=4)
+    run_search(dataclasses.replace(cfg, trials=3), evaluate=constant)
+    loop = Loop(cfg, constant)
+    loop._sync()  # knows 3 of 4 trials: one left to ask
+    other = optuna.load_study(study_name=cfg.study_name(), storage=open_storage(cfg.storage))
+    taken = other.ask()  # another search takes the last number meanwhile
+    assert taken.number == 3
+    assert loop._ask() is None  # number 4 is beyond the budget
+    states = {t.number: t.state for t in other.get_trials(deepcopy=False)}
+    assert states[4] == optuna.trial.TrialState.WAITING
+    other.tell(taken, state=optuna.trial.TrialState.FAIL)
+    study = run_search(cfg, evaluate=constant)  # resumed: nothing left to ask
+    assert len(finished(study)) == 4
+    assert {t.number for t in finished(study)} == {0, 1, 2, 3}
+
+
+def search_in_a_process(cfg, start):
+    start.wait()  # both searches begin together, imports done
+    run_search(cfg, evaluate=Sleepy(0.02))
+
+
+@pytest.mark.parametrize("storage", ["journal", "sqlite"])
+def test_two_searches_on_one_study_finish_exactly_the_budget(tmp_path, storage):
+    url = (f"journal:{tmp_path}/study.log" if storage == "journal"
+           else f"sqlite:///{tmp_path}/study.db")
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(2)
+    procs = [ctx.Process(target=search_in_a_process,
+                         args=(config(tmp_path, storage=url, trials=24, seed=s, batch=2), start))
+             for s in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    study = optuna.load_study(study_name=config(tmp_path).study_name(),
+                              storage=open_storage(url))
+    trials = study.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state in FINISHED]
+    assert sorted(t.number for t in done) == list(range(24))
+    assert all(t.state == optuna.trial.TrialState.WAITING for t in trials if t not in done)
 
 
 @pytest.mark.parametrize("storage", ["journal", "sqlite"])

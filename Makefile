@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean engine browser screenshots
+.PHONY: demo test lint install clean engine browser postgres screenshots
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,13 +30,21 @@ browser:
 	  $$SUDO apt-get update -qq && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# The PostgreSQL test starts a real server from Debian's package (its binaries live under
+# /usr/lib/postgresql/<version>/bin, off PATH; the test looks there).
+postgres:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
 screenshots: $(STAMP) browser
 	$(BIN)/python -m app.screenshots
 
 demo: $(STAMP)
 	$(BIN)/rackplan search
 
-test: $(STAMP) engine browser
+test: $(STAMP) engine browser postgres
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest

@@ -170,6 +170,8 @@ class Calibration:
     _frames: dict[str, tuple[pd.DataFrame, str] | None] = field(default_factory=dict, repr=False)
     _grids: dict[tuple[Any, ...], tuple[Grid, int, str] | None] = field(
         default_factory=dict, repr=False)
+    _found: dict[str, bool] = field(default_factory=dict, repr=False)
+    """op -> whether any table covers it (`_has_table`, looked up once)."""
     _rates: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
     """Sustained rate (roofline / measured) of a long-context kernel's table."""
     _edges: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray] | None] = field(
@@ -213,8 +215,10 @@ class Calibration:
     def _has_table(self, op: str) -> bool:
         """Whether any table covers `op`: the engine's own, or another engine's (what `frame`
         and `_other_frames` would find), without reading one."""
-        return self._locate(op) is not None or (op not in OP_ENGINES and any(
-            self._locate(op, (e,), user=False) is not None for e in ENGINES))
+        if op not in self._found:
+            self._found[op] = self._locate(op) is not None or (op not in OP_ENGINES and any(
+                self._locate(op, (e,), user=False) is not None for e in ENGINES))
+        return self._found[op]
 
     def frame(self, op: str) -> tuple[pd.DataFrame, str] | None:
         """The raw table of an op and its label, or None when no table covers it."""

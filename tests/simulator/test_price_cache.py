@@ -11,6 +11,7 @@ from simulator.calibration import Calibration, load_calibration
 from simulator.cost import Batch, step_time
 from simulator.cost.price_cache import CachedCalibration
 from simulator.cost.step import instance_from_role
+from simulator.des.pricing import StepPricer
 from simulator.specs.deployment import RoleSpec, Speculative
 from simulator.specs.hardware import load_hardware
 from simulator.specs.model import load_model
@@ -87,3 +88,32 @@ def test_a_point_priced_once_is_not_priced_again() -> None:
     step_time(inst, Batch(rows, batch.decode_context, batch.prefill_tokens,
                           batch.prefill_requests, batch.prefill_context), as_cal(cached))
     assert cached.points - points < points / 2
+
+
+@pytest.mark.parametrize("model,hardware", [("deepseek-v4-flash", "gb300"),
+                                            ("deepseek-v3", "h200")])
+def test_the_step_memo_is_within_half_a_percent_of_direct_pricing(model: str,
+                                                                  hardware: str) -> None:
+    """For nine steps in ten and in the median by far; the others sit where the cost model's
+    own price jumps (a V4 prefill attention module at the end of its table's range) or is not
+    monotone in a rank's work (GB300's measured GEMM at 1 token costs 3x that at 5), which the
+    memo's rounding and its Pareto front cannot follow."""
+    hw, m = load_hardware(hardware), load_model(model)
+    cal = load_calibration(hw)
+    for k, (role, spec) in enumerate(ROLES):
+        inst = instance_from_role(m, hw, role, spec, "fp8", "fp8")
+        pricer = StepPricer(inst, cal)
+        errors = []
+        for batch in _batches(role, inst.dp, 10 + k, 40):
+            tokens = batch.decode_requests * (1 + inst.spec_tokens) + batch.prefill_tokens
+            experts = None if inst.ep == 1 else np.full(inst.ep, tokens.sum() * m.top_k / inst.ep)
+            direct = step_time(inst, Batch(batch.decode_requests, batch.decode_context,
+                                           batch.prefill_tokens, batch.prefill_requests,
+                                           batch.prefill_context, expert_tokens=experts), cal)
+            got = pricer.price(batch.decode_requests, batch.decode_context,
+                               batch.prefill_tokens, batch.prefill_requests,
+                               batch.prefill_context, experts)
+            errors.append(abs(got.total_ms / direct.total_ms - 1))
+        e = np.array(errors)
+        assert (e <= 0.005).mean() >= 0.9, (role, np.sort(e)[-5:])
+        assert np.median(e) <= 0.002, (role, np.median(e))

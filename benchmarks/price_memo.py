@@ -29,7 +29,10 @@ ROLES = (
 )
 
 
-def random_step(role: str, dp: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def random_step(role: str, dp: int, rng: np.random.Generator) -> Rows:
     """Per-rank rows of one step: lognormal contexts, integer tokens and requests."""
     def spread(lo: float, hi: float) -> np.ndarray:
         return np.exp(rng.uniform(np.log(lo), np.log(hi), dp))
@@ -68,8 +71,9 @@ def main() -> None:
                 tokens = rows[0] * (1 + inst.spec_tokens) + rows[2]
                 experts = np.sort(rng.uniform(1.0, 1.3, inst.ep))[::-1] * (
                     tokens.sum() * m.top_k / inst.ep)
-                direct = step_time(inst, Batch(*rows, expert_tokens=experts), cal)
-                memo = pricer.price(*rows, experts)
+                dec, ctx, pre, req, pctx = rows
+                direct = step_time(inst, Batch(dec, ctx, pre, req, pctx, experts), cal)
+                memo = pricer.price(dec, ctx, pre, req, pctx, experts)
                 errors.append(abs(memo.total_ms / direct.total_ms - 1))
             e = np.array(errors) * 100
             print(f"{model + ' ' + role:34} {np.median(e):7.3f}% {np.quantile(e, 0.9):7.3f}% "

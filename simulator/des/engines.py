@@ -94,7 +94,8 @@ class Engine:
             self._wake.succeed()
 
     def price(self, plan: StepPlan) -> StepTime:
-        tokens = float(plan.decode_requests.sum() * (1 + self.spec_tokens) + plan.tokens.sum())
+        work = plan.decode_requests * (1 + self.spec_tokens) + plan.tokens  # tokens per rank
+        tokens = float(work.sum())
         expert_tokens = None
         if self.experts is not None:
             expert_tokens, imb = self.experts.step(tokens)
@@ -102,11 +103,10 @@ class Engine:
         st = self.pricer.price(plan.decode_requests, plan.decode_context, plan.tokens,
                                plan.requests, plan.context, expert_tokens)
         self.shared.recorder.step(self.name, self.env.now, self.waiting(),
-                                  int(plan.decode_requests.sum() + plan.requests.sum()),
+                                  int((plan.decode_requests + plan.requests).sum()),
                                   self.kv.use(), st, self.pricer.instance.ranks)
         if self.dp > 1:
-            self.shared.recorder.dp_wait(st.breakdown["attention"], plan.decode_requests * (
-                1 + self.spec_tokens) + plan.tokens)
+            self.shared.recorder.dp_wait(st.breakdown["attention"], work)
         return st
 
     # ---- what subclasses give ------------------------------------------------------------
@@ -326,7 +326,7 @@ class DecodeEngine(Engine):
 
     def apply(self, plan: StepPlan, seconds: float) -> None:
         assert plan.stepped is not None and plan.fresh is not None
-        self.shared.recorder.itl(seconds, int(plan.stepped.sum() - plan.fresh.sum()))
+        self.shared.recorder.itl(seconds, int(plan.decode_requests.sum() - plan.fresh.sum()))
         first, finished, ranks = self.slots.advance(self.accepted, plan.stepped, plan.fresh)
         self.table.first_token[first] = self.env.now
         self._finish(finished)

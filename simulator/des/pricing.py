@@ -125,8 +125,8 @@ class StepPricer:
         """The StepTime of one step; arrays have one entry per DP rank (expert_tokens per EP
         rank, most-loaded first, or None when the instance has no expert parallelism)."""
         self.calls += 1
-        rounded = round_bits(np.stack([decode_requests, decode_context, prefill_tokens,
-                                       prefill_requests, prefill_context], axis=1), self.bits)
+        rounded = round_bits(np.array([decode_requests, decode_context, prefill_tokens,
+                                       prefill_requests, prefill_context]), self.bits).T
         top = 0.0 if expert_tokens is None else _round_one(float(expert_tokens[0]), self.bits)
         seen = (rounded.tobytes(), top)  # the rows as they are: most steps repeat the last
         hit = self._rows.get(seen)

@@ -104,9 +104,9 @@ class DecodeSlots:
 
     def batch(self) -> tuple[np.ndarray, np.ndarray]:
         """Decode requests per rank and their mean context."""
-        n = self.active.sum(axis=1)
+        n = self.active.sum(axis=1, dtype=float)
         ctx = np.where(self.active, self.context, 0.0).sum(axis=1)
-        return n.astype(float), np.divide(ctx, n, out=np.zeros(len(n)), where=n > 0)
+        return n, ctx / np.maximum(n, 1.0)  # a rank without requests: 0 / 1
 
     def advance(self, tokens: float, stepped: np.ndarray,
                 fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:

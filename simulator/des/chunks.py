@@ -52,6 +52,8 @@ class ChunkScheduler:
         self.running: list[list[Chunking]] = [[] for _ in range(ranks)]
         self.outstanding = np.zeros(ranks)
         """Prompt tokens still to compute per rank, queued included."""
+        self._requests = np.zeros(ranks, dtype=np.int64)
+        """Requests per rank, queued or running (kept as they come and go)."""
 
     @property
     def ranks(self) -> int:
@@ -64,12 +66,12 @@ class ChunkScheduler:
             rank = int(np.argmin(self.outstanding))
         self.queues[rank].append((rid, uncached, cached))
         self.outstanding[rank] += uncached
+        self._requests[rank] += 1
         return rank
 
     def requests(self) -> np.ndarray:
         """Requests per rank, queued or running."""
-        return np.array([len(q) + len(r) for q, r in zip(self.queues, self.running,
-                                                          strict=True)])
+        return self._requests.copy()
 
     def waiting(self) -> int:
         return sum(len(q) for q in self.queues)
@@ -118,6 +120,7 @@ class ChunkScheduler:
                 self.outstanding[r] -= take
                 if entry.remaining <= 0:
                     done.append((r, entry))
+                    self._requests[r] -= 1
             if chunks:
                 self.running[r] = [e for e in self.running[r] if e.remaining > 0]
         return done

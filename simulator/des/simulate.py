@@ -149,6 +149,7 @@ class _Run:
             self.traffic.spread_s = self._request_seconds(a.concurrency)
         self._source: dict[int, tuple[PrefillEngine, int]] = {}
         """Request id -> the prefill instance and rank holding its KV until the transfer."""
+        self._kv_sizes: dict[float, float] = {}
         self._done = 0
         self._reported = -1
 
@@ -266,6 +267,8 @@ class _Run:
     def _pick(self, role: str, session: int | None = None) -> Engine:
         """An instance of `role` by its router's policy over the instances' loads."""
         engines = self.engines[role]
+        if len(engines) == 1:  # every policy picks the only one
+            return engines[0]
         cands = [Candidate(queued_tokens=e.load_tokens(), requests=e.load_requests())
                  for e in engines]
         return engines[self.routers[role].pick(cands, session)]
@@ -327,9 +330,7 @@ class _Run:
             engine.activate(rank, slot)
             return
         prefill, prefill_rank = source
-        nbytes = self.model.kv_bytes(float(self.table.input_len[rid]),
-                                     self.deployment.precision.kv_cache,
-                                     self.deployment.precision.indexer_cache)
+        nbytes = self._kv_bytes(float(self.table.input_len[rid]))
 
         def activate(_: simpy.Event) -> None:
             engine.activate(rank, slot)
@@ -343,6 +344,18 @@ class _Run:
                 activate(event)
 
         self.network.send(prefill.name, engine.name, nbytes).callbacks.append(arrived)
+
+    def _kv_bytes(self, context: float) -> float:
+        """KV bytes a request of `context` tokens sends from prefill to decode (remembered:
+        prompt lengths recur)."""
+        nbytes = self._kv_sizes.get(context)
+        if nbytes is None:
+            if len(self._kv_sizes) > 100_000:
+                self._kv_sizes.clear()
+            p = self.deployment.precision
+            nbytes = self._kv_sizes[context] = self.model.kv_bytes(context, p.kv_cache,
+                                                                   p.indexer_cache)
+        return nbytes
 
     def finished(self, rid: int) -> None:
         self._done += 1

@@ -34,8 +34,11 @@ from pydantic import BaseModel
 from simulator.calibration import Calibration, Priced
 from simulator.calibration.grid import SOURCES
 
-MAX_POINTS = 2_000_000
-"""Points one CachedCalibration keeps over all its operations; past it, it starts afresh."""
+MAX_POINTS = 500_000
+"""Points one CachedCalibration keeps over all its operations (~100 bytes each); past it, or
+past MAX_OBJECTS object arguments seen, it starts afresh."""
+
+MAX_OBJECTS = 10_000
 
 VARYING: dict[str, tuple[int, ...]] = {
     "gemm": (0,),
@@ -58,6 +61,7 @@ VARYING: dict[str, tuple[int, ...]] = {
 tokens, batch, context, bytes); every other argument is fixed for a grid. Methods not listed
 are passed through to the wrapped calibration."""
 
+
 def _fixed(value: Any) -> Any:
     """A hashable stand-in for a fixed argument, by content (dataclasses by their fields,
     pydantic models by their JSON, dicts sorted)."""
@@ -79,18 +83,18 @@ class _Points:
 
     def __init__(self) -> None:
         self.index: dict[bytes, int] = {}
-        self.ms = np.zeros(0)
-        self.code = np.zeros(0, dtype=np.int64)
+        self.ms: list[float] = []
+        self.code: list[int] = []
         self.table: list[str] = []
         self.none = False
         """The operation answered None (no table for it): it does for every point."""
 
     def add(self, keys: list[bytes], ms: np.ndarray, code: int, table: str) -> None:
-        base = len(self.table)
+        base = len(self.ms)
         for i, k in enumerate(keys):
             self.index[k] = base + i
-        self.ms = np.concatenate([self.ms, ms])
-        self.code = np.concatenate([self.code, np.full(len(keys), code, dtype=np.int64)])
+        self.ms.extend(ms.tolist())
+        self.code.extend([code] * len(keys))
         self.table.extend([table] * len(keys))
 
 
@@ -125,8 +129,9 @@ class CachedCalibration:
         key = (name, fixed, tuple(sorted((k, _fixed(v)) for k, v in kwargs.items())))
         memo = self._memo.get(key)
         if memo is None:
-            if self.points > MAX_POINTS:
+            if self.points > MAX_POINTS or len(self._objects) > MAX_OBJECTS:
                 self._memo.clear()
+                self._objects.clear()
                 self.points = 0
             memo = self._memo[key] = _Points()
         if memo.none:
@@ -146,10 +151,10 @@ class CachedCalibration:
             if not self._fill(memo, method, varying, args, kwargs, new_keys, rows):
                 return None
             at = [index[k] for k in keys]
-        pos = np.array(at, dtype=np.int64)
-        ms = memo.ms[pos].reshape(values[0].shape)
+        stored, codes = memo.ms, memo.code
+        ms = np.array([stored[i] for i in at]).reshape(values[0].shape)
         tables = dict.fromkeys(memo.table[i] for i in at)
-        return Priced(ms, SOURCES[int(memo.code[pos].max())], " + ".join(tables))
+        return Priced(ms, SOURCES[max(codes[i] for i in at)], " + ".join(tables))
 
     def _key(self, value: Any) -> Any:
         """`_fixed(value)`, remembered per object for objects (an instance, a kind)."""

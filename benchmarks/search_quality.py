@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import tempfile
 import time
 from typing import Any
@@ -56,8 +57,13 @@ def exhaustive(space: SearchSpace, evaluate: Simulator) -> tuple[dict[str, Any] 
         value = metric_value(metrics, THROUGHPUT) or 0.0
         if meets(metrics, SLOS) and (best is None or value > best["value"]):
             best = {"deployment": deployment, "metrics": metrics, "value": value}
-        print(f"\rexhaustive: {i + 1}/{len(points)} points", end="", flush=True)
-    print()
+        if sys.stderr.isatty():
+            print(f"\rexhaustive: {i + 1}/{len(points)} points", end="", file=sys.stderr,
+                  flush=True)
+        elif (i + 1) % 20 == 0 or i + 1 == len(points):
+            print(f"exhaustive: {i + 1}/{len(points)} points", file=sys.stderr, flush=True)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
     return best, runs
 
 
@@ -66,6 +72,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="20 points, 48 requests each")
     parser.add_argument("--trials", type=int, default=80, help="search trials (default 80)")
     parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    parser.add_argument("--batch", type=int, default=SearchConfig.batch,
+                        help=f"simulations chosen per round (default {SearchConfig.batch}; 1: "
+                             "the fully sequential search)")
     parser.add_argument("--share", type=float, default=0.10,
                         help="simulations the search may run, as a share of the exhaustive "
                              "ones (default 0.10)")
@@ -84,7 +93,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = SearchConfig(space=space, workload=workload, slos=SLOS, trials=args.trials,
                               seed=args.seed, storage=f"sqlite:///{tmp}/quality.db",
-                              max_simulations=budget, startup_trials=8)
+                              max_simulations=budget, startup_trials=8, batch=args.batch)
         study = run_search(config)
         trials = finished(study)
         summary = summarize(records(trials), SLOS)

@@ -106,7 +106,7 @@ class Engine:
                                   int((plan.decode_requests + plan.requests).sum()),
                                   self.kv.use(), st, self.pricer.instance.ranks)
         if self.dp > 1:
-            self.shared.recorder.dp_wait(st.breakdown["attention"], work)
+            self.shared.recorder.dp_wait(st.breakdown["attention"], work, tokens)
         return st
 
     # ---- what subclasses give ------------------------------------------------------------
@@ -298,6 +298,8 @@ class DecodeEngine(Engine):
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
         self.slots = DecodeSlots(self.dp, spec.max_num_seqs, self.kv)
         self.accepted = pricer.accepted_per_request
+        self._zeros = np.zeros(self.dp)
+        self._zeros.flags.writeable = False  # the prefill part of every decode-only plan
 
     def take(self, rid: int, context: float) -> None:
         """A request whose KV (`context` tokens) is to come here."""
@@ -315,10 +317,10 @@ class DecodeEngine(Engine):
         self.poke()
 
     def plan(self) -> StepPlan | None:
-        if not self.slots.active.any():
-            return None
         n, ctx = self.slots.batch()
-        z = np.zeros(self.dp)
+        if not n.any():
+            return None
+        z = self._zeros
         return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
 
     def _snapshot(self) -> tuple[np.ndarray, np.ndarray]:

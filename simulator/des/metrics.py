@@ -96,12 +96,13 @@ class Recorder:
         for k, ms in st.breakdown.items():
             self.breakdown_ms[k if k in self.breakdown_ms else "other"] += float(ms) * ranks
 
-    def dp_wait(self, attention_ms: float, load: np.ndarray) -> None:
-        """A step's attention set by its busiest DP rank (`load`: tokens per rank): the ranks
-        with less work wait the difference, counted as if attention time followed the load."""
+    def dp_wait(self, attention_ms: float, load: np.ndarray, total: float) -> None:
+        """A step's attention set by its busiest DP rank (`load`: tokens per rank, `total`
+        their sum): the ranks with less work wait the difference, counted as if attention time
+        followed the load."""
         top = float(load.max()) if load.size else 0.0
         if top > 0 and load.size > 1:
-            self.dp_wait_ms += attention_ms * float((top - load).sum()) / top
+            self.dp_wait_ms += attention_ms * (top * load.size - total) / top
 
     def imbalance(self, value: float, tokens: float) -> None:
         """A step's EP imbalance, weighted by its tokens."""

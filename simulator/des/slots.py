@@ -105,7 +105,7 @@ class DecodeSlots:
     def batch(self) -> tuple[np.ndarray, np.ndarray]:
         """Decode requests per rank and their mean context."""
         n = self.active.sum(axis=1, dtype=float)
-        ctx = np.where(self.active, self.context, 0.0).sum(axis=1)
+        ctx = self.context.sum(axis=1, where=self.active)
         return n, ctx / np.maximum(n, 1.0)  # a rank without requests: 0 / 1
 
     def advance(self, tokens: float, stepped: np.ndarray,
@@ -118,8 +118,8 @@ class DecodeSlots:
         requests that finished (their slots and KV are freed), and the ranks that freed slots.
         """
         a = stepped
-        self.generated[a] += tokens
-        self.context[a] += tokens
+        np.add(self.generated, tokens, out=self.generated, where=a)
+        np.add(self.context, tokens, out=self.context, where=a)
         first = self.rid[fresh]
         self.fresh[fresh] = False
         done = a & (self.generated >= self.target - DONE_EPS)

@@ -60,9 +60,8 @@ class SimOptions:
     """Power-law exponent of the per-layer expert popularity."""
     expert_max_ratio: float = 32.0
     """Truncation of that power law: the most an expert's weight can exceed the least's."""
-    price_bits: int = 8
-    """Significant bits kept of each per-rank batch figure when memoizing step prices (8: each
-    within 0.2 %; simulator/des/pricing.py)."""
+    price_bits: int = 6
+    """Significant bits kept of each per-rank batch figure when memoizing step prices."""
     api_overhead_ms: float = 0.0
     """Time from a request's arrival to the engine's scheduler (HTTP, tokenization, routing)."""
     step_overhead_ms: float | None = None

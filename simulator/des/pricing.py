@@ -5,8 +5,9 @@ rank for the MoE, so a step's time depends on the ranks only through maxima of p
 costs that grow with each rank's decode requests, decode context, prefill tokens, prefill
 requests and prefill context. Two reductions follow, and they make the signature small:
 
-1. every per-rank value is rounded to `bits` significant bits (8: within 0.2%; integers below
-   256 stay exact), and so is the largest EP rank's assignment count;
+1. every per-rank value is rounded to `bits` significant bits (6, SimOptions.price_bits:
+   within 0.8%; integers below 64 stay exact), and so is the largest EP rank's assignment
+   count;
 2. a rank whose rounded row is dominated (no larger in any column) by another rank's row cannot
    set any maximum, so only the Pareto front of the rows is kept, sorted.
 
@@ -19,11 +20,13 @@ deployments whose roles repeat): the memo is shared per (calibration, instance),
 size. The operations a miss prices go through `simulator.cost.price_cache`, which remembers
 each operation's price per point.
 
-Against pricing every step directly (benchmarks/price_memo.py): within 0.5 % for 98 % of random
-steps; the rest sit where the cost model's own price jumps (a V4 prefill attention module by up
+Against pricing every step directly (benchmarks/price_memo.py, 6 bits): a median error of
+0.2-0.5 %, p99 1-4 %; at 8 bits the median is 0.08-0.12 % and 98 % of steps are within 0.5 %.
+The worst steps sit where the cost model's own price jumps (a V4 prefill attention module by up
 to 2x within 2 % of context, a sparse MoE table by 30 % at 32 tokens), where any rounding errs,
 or is not monotone in a rank's work (GB300's measured GEMM at 1 token costs 3x that at 5), where
-the front drops a rank that would have set the maximum.
+the front drops a rank that would have set the maximum. A short run whose steps are nearly all
+priced once gains nothing from the memo and its results move with the rounding (docs/speed.md).
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def _shared_memo(calibration: Calibration) -> tuple[dict[tuple[Any, ...], StepTi
 class StepPricer:
     """Prices steps of one cost-model instance, remembering each rounded signature."""
 
-    def __init__(self, instance: Instance, calibration: Calibration, bits: int = 8) -> None:
+    def __init__(self, instance: Instance, calibration: Calibration, bits: int = 6) -> None:
         self.instance, self.calibration, self.bits = instance, calibration, bits
         self._memo: dict[tuple[bytes, float], StepTime] = {}
         self._rows: dict[tuple[bytes, float], StepTime] = {}

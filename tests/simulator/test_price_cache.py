@@ -92,18 +92,19 @@ def test_a_point_priced_once_is_not_priced_again() -> None:
 
 @pytest.mark.parametrize("model,hardware", [("deepseek-v4-flash", "gb300"),
                                             ("deepseek-v3", "h200")])
-def test_the_step_memo_is_within_half_a_percent_of_direct_pricing(model: str,
+def test_the_step_memo_errs_by_its_rounding_of_direct_pricing(model: str,
                                                                   hardware: str) -> None:
-    """For nine steps in ten and in the median by far; the others sit where the cost model's
-    own price jumps (a V4 prefill attention module at the end of its table's range) or is not
-    monotone in a rank's work (GB300's measured GEMM at 1 token costs 3x that at 5), which the
-    memo's rounding and its Pareto front cannot follow."""
+    """At the simulator's 6 significant bits (each value within 0.8 %, batch counts over 64
+    among them): a median error under 0.8 % and nine steps in ten within 2 %; the others sit where the cost model's own price
+    jumps (a V4 prefill attention module at the end of its table's range) or is not monotone in
+    a rank's work (GB300's measured GEMM at 1 token costs 3x that at 5), which the memo's
+    rounding and its Pareto front cannot follow. At 8 bits, nine in ten within 0.5 %."""
     hw, m = load_hardware(hardware), load_model(model)
     cal = load_calibration(hw)
     for k, (role, spec) in enumerate(ROLES):
         inst = instance_from_role(m, hw, role, spec, "fp8", "fp8")
-        pricer = StepPricer(inst, cal)
-        errors = []
+        pricer, finer = StepPricer(inst, cal), StepPricer(inst, cal, 8)
+        errors, finer_errors = [], []
         for batch in _batches(role, inst.dp, 10 + k, 40):
             tokens = batch.decode_requests * (1 + inst.spec_tokens) + batch.prefill_tokens
             experts = None if inst.ep == 1 else np.full(inst.ep, tokens.sum() * m.top_k / inst.ep)
@@ -114,6 +115,10 @@ def test_the_step_memo_is_within_half_a_percent_of_direct_pricing(model: str,
                                batch.prefill_tokens, batch.prefill_requests,
                                batch.prefill_context, experts)
             errors.append(abs(got.total_ms / direct.total_ms - 1))
-        e = np.array(errors)
-        assert (e <= 0.005).mean() >= 0.9, (role, np.sort(e)[-5:])
-        assert np.median(e) <= 0.002, (role, np.median(e))
+            fine = finer.price(batch.decode_requests, batch.decode_context,
+                               batch.prefill_tokens, batch.prefill_requests,
+                               batch.prefill_context, experts)
+            finer_errors.append(abs(fine.total_ms / direct.total_ms - 1))
+        e, f = np.array(errors), np.array(finer_errors)
+        assert np.median(e) <= 0.008 and (e <= 0.02).mean() >= 0.9, (role, np.sort(e)[-5:])
+        assert np.median(f) <= 0.002 and (f <= 0.005).mean() >= 0.9, (role, np.sort(f)[-5:])

@@ -4,7 +4,7 @@ GB300 and DeepSeek-V3 on H200, priced both ways, at a choice of rounding bits.
 
 Prints, per case, the relative error of the step time: median, p90, p99, max, and the share of
 steps over 0.5 % (how often the memo prices a step is in `benchmarks/simulate_speed.py`).
-Run: .venv/bin/python benchmarks/price_memo.py [--bits 8] [--steps 200]
+Run: .venv/bin/python benchmarks/price_memo.py [--bits 6] [--steps 200]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from simulator.calibration import load_calibration
 from simulator.cost import Batch, step_time
 from simulator.cost.step import instance_from_role
 from simulator.des.pricing import StepPricer
+from simulator.des.simulate import SimOptions
 from simulator.specs.deployment import RoleSpec, Speculative
 from simulator.specs.hardware import load_hardware
 from simulator.specs.model import load_model
@@ -50,7 +51,8 @@ def random_step(role: str, dp: int, rng: np.random.Generator) -> Rows:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bits", type=int, default=8, help="rounding bits (default 8)")
+    parser.add_argument("--bits", type=int, default=SimOptions.price_bits,
+                        help=f"rounding bits (default {SimOptions.price_bits}, the simulator's)")
     parser.add_argument("--steps", type=int, default=200, help="random steps per case")
     parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args()

@@ -94,7 +94,9 @@ class Engine:
             self._wake.succeed()
 
     def price(self, plan: StepPlan) -> StepTime:
-        work = plan.decode_requests * (1 + self.spec_tokens) + plan.tokens  # tokens per rank
+        work = plan.decode_requests * (1 + self.spec_tokens)  # tokens per rank
+        if plan.chunks is not None:
+            work = work + plan.tokens
         tokens = float(work.sum())
         expert_tokens = None
         if self.experts is not None:
@@ -103,7 +105,8 @@ class Engine:
         st = self.pricer.price(plan.decode_requests, plan.decode_context, plan.tokens,
                                plan.requests, plan.context, expert_tokens)
         self.shared.recorder.step(self.name, self.env.now, self.waiting(),
-                                  int((plan.decode_requests + plan.requests).sum()),
+                                  int(plan.decode_count() + (
+                                      plan.requests.sum() if plan.chunks is not None else 0)),
                                   self.kv.use(), st, self.pricer.instance.ranks)
         if self.dp > 1:
             self.shared.recorder.dp_wait(st.breakdown["attention"], work, tokens)
@@ -222,6 +225,14 @@ class StepPlan:
     """Decode slots in the step (a snapshot: slots activated during the step wait)."""
     fresh: np.ndarray | None = None
     """Of those, the slots whose first decode step this is."""
+    decode_total: float | None = None
+    """decode_requests summed, when the plan knew it."""
+
+    def decode_count(self) -> float:
+        """Decode requests over all ranks."""
+        if self.decode_total is not None:
+            return self.decode_total
+        return float(self.decode_requests.sum())
 
 
 def _prefill_only(chunks: ChunkPlan, dp: int) -> StepPlan:
@@ -318,19 +329,23 @@ class DecodeEngine(Engine):
 
     def plan(self) -> StepPlan | None:
         n, ctx = self.slots.batch()
-        if not n.any():
+        total = float(n.sum())
+        if total == 0:
             return None
         z = self._zeros
-        return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
+        return StepPlan(n, ctx, z, z, z, None, *self._snapshot(), decode_total=total)
 
     def _snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         return self.slots.active.copy(), self.slots.fresh.copy()
 
     def apply(self, plan: StepPlan, seconds: float) -> None:
         assert plan.stepped is not None and plan.fresh is not None
-        self.shared.recorder.itl(seconds, int(plan.decode_requests.sum() - plan.fresh.sum()))
-        first, finished, ranks = self.slots.advance(self.accepted, plan.stepped, plan.fresh)
-        self.table.first_token[first] = self.env.now
+        fresh = int(plan.fresh.sum())
+        self.shared.recorder.itl(seconds, int(plan.decode_count()) - fresh)
+        first, finished, ranks = self.slots.advance(self.accepted, plan.stepped,
+                                                    plan.fresh if fresh else None)
+        if first.size:
+            self.table.first_token[first] = self.env.now
         self._finish(finished)
         for r in ranks:
             self._admit(r)

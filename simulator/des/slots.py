@@ -15,6 +15,9 @@ import numpy as np
 
 from simulator.des.kvpool import KvPool
 
+_NONE = np.zeros(0, dtype=np.int64)
+"""No request ids."""
+
 DONE_EPS = 1e-6
 """Tolerance when comparing generated tokens (fractional with speculative decoding) to lengths."""
 
@@ -34,6 +37,8 @@ class DecodeSlots:
         self.context = np.zeros(shape)
         self.generated = np.zeros(shape)
         self.target = np.zeros(shape)
+        self.due = np.zeros(shape)
+        """target less the tolerance: a slot is done once generated reaches it."""
         self.reserved = np.zeros(shape)
         self.held = np.zeros(ranks, dtype=np.int64)
         """Slots reserved per rank (active or not)."""
@@ -41,6 +46,8 @@ class DecodeSlots:
         """Per rank: (request id, context, output tokens) waiting for a slot."""
         self.queued = np.zeros(ranks, dtype=np.int64)
         """Requests per rank in `queues`."""
+        self._waiting = 0
+        """Requests in all `queues`."""
         self._free: list[list[int]] = [list(range(max_seqs - 1, -1, -1)) for _ in range(ranks)]
 
     @property
@@ -53,11 +60,12 @@ class DecodeSlots:
         return out
 
     def waiting(self) -> int:
-        return int(self.queued.sum())
+        return self._waiting
 
     def enqueue(self, rank: int, rid: int, context: float, output: float) -> None:
         self.queues[rank].append((rid, context, output))
         self.queued[rank] += 1
+        self._waiting += 1
 
     def reserve(self, rank: int, rid: int, context: float, output: float) -> int | None:
         """Hold a free slot of `rank` and KV for the whole context; the slot, or None when
@@ -72,6 +80,7 @@ class DecodeSlots:
         self.context[rank, slot] = context
         self.generated[rank, slot] = 0.0
         self.target[rank, slot] = output
+        self.due[rank, slot] = output - DONE_EPS
         self.reserved[rank, slot] = need
         self.held[rank] += 1
         return slot
@@ -88,6 +97,7 @@ class DecodeSlots:
                 break
             q.popleft()
             self.queued[rank] -= 1
+            self._waiting -= 1
             got.append((rid, slot))
         self.kv.note(rank, bool(q) and bool(self._free[rank]), len(q))
         return got
@@ -109,10 +119,10 @@ class DecodeSlots:
         return n, ctx / np.maximum(n, 1.0)  # a rank without requests: 0 / 1
 
     def advance(self, tokens: float, stepped: np.ndarray,
-                fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+                fresh: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """End a step in which the slots of mask `stepped` (the active ones when the step was
         planned; slots activated since wait for the next step) each gained `tokens` tokens, and
-        those of mask `fresh` got their first.
+        those of mask `fresh` got their first (None: none did).
 
         Returns the ids of requests whose first token came out of this step, the ids of the
         requests that finished (their slots and KV are freed), and the ranks that freed slots.
@@ -120,9 +130,12 @@ class DecodeSlots:
         a = stepped
         np.add(self.generated, tokens, out=self.generated, where=a)
         np.add(self.context, tokens, out=self.context, where=a)
-        first = self.rid[fresh]
-        self.fresh[fresh] = False
-        done = a & (self.generated >= self.target - DONE_EPS)
+        if fresh is None:
+            first = _NONE
+        else:
+            first = self.rid[fresh]
+            self.fresh[fresh] = False
+        done = a & (self.generated >= self.due)
         finished = self.rid[done]
         ranks: list[int] = []
         if finished.size:

@@ -31,7 +31,6 @@ priced once gains nothing from the memo and its results move with the rounding (
 
 from __future__ import annotations
 
-import math
 from dataclasses import fields
 from typing import Any, cast
 
@@ -43,18 +42,20 @@ from simulator.cost.price_cache import CachedCalibration
 
 
 def round_bits(x: np.ndarray, bits: int) -> np.ndarray:
-    """`x` (>= 0) rounded to `bits` significant bits."""
-    m, e = np.frexp(np.asarray(x, dtype=float))
-    scale = float(1 << bits)
-    out: np.ndarray = np.ldexp(np.round(m * scale) / scale, e)
+    """`x` (>= 0, below 2^900) rounded to nearest at `bits` significant bits, ties to even.
+
+    Veltkamp's split in three float operations: c = x (2^(53 - bits) + 1) holds x shifted
+    up, c - (c - x) its leading `bits` bits (the same values as rounding frexp's mantissa;
+    tests/simulator/test_price_cache.py checks them against it)."""
+    c = x * float((1 << (53 - bits)) + 1)
+    out: np.ndarray = c - (c - x)
     return out
 
 
 def _round_one(x: float, bits: int) -> float:
     """`round_bits` of one value, in plain floats."""
-    m, e = math.frexp(x)
-    scale = float(1 << bits)
-    return math.ldexp(round(m * scale) / scale, e)
+    c = x * float((1 << (53 - bits)) + 1)
+    return c - (c - x)
 
 
 def pareto_front(rows: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from simulator.calibration import Calibration, load_calibration
 from simulator.cost import Batch, step_time
 from simulator.cost.price_cache import CachedCalibration
 from simulator.cost.step import instance_from_role
-from simulator.des.pricing import StepPricer
+from simulator.des.pricing import StepPricer, _round_one, round_bits
 from simulator.specs.deployment import RoleSpec, Speculative
 from simulator.specs.hardware import load_hardware
 from simulator.specs.model import load_model
@@ -95,10 +95,11 @@ def test_a_point_priced_once_is_not_priced_again() -> None:
 def test_the_step_memo_errs_by_its_rounding_of_direct_pricing(model: str,
                                                                   hardware: str) -> None:
     """At the simulator's 6 significant bits (each value within 0.8 %, batch counts over 64
-    among them): a median error under 0.8 % and nine steps in ten within 2 %; the others sit where the cost model's own price
-    jumps (a V4 prefill attention module at the end of its table's range) or is not monotone in
-    a rank's work (GB300's measured GEMM at 1 token costs 3x that at 5), which the memo's
-    rounding and its Pareto front cannot follow. At 8 bits, nine in ten within 0.5 %."""
+    among them): a median error under 0.8 % and nine steps in ten within 2 %. The others sit
+    where the cost model's own price jumps (a V4 prefill attention module at the end of its
+    table's range) or is not monotone in a rank's work (GB300's measured GEMM at 1 token costs
+    3x that at 5), which the memo's rounding and its Pareto front cannot follow. At 8 bits,
+    nine in ten within 0.5 %."""
     hw, m = load_hardware(hardware), load_model(model)
     cal = load_calibration(hw)
     for k, (role, spec) in enumerate(ROLES):
@@ -122,3 +123,16 @@ def test_the_step_memo_errs_by_its_rounding_of_direct_pricing(model: str,
         e, f = np.array(errors), np.array(finer_errors)
         assert np.median(e) <= 0.008 and (e <= 0.02).mean() >= 0.9, (role, np.sort(e)[-5:])
         assert np.median(f) <= 0.002 and (f <= 0.005).mean() >= 0.9, (role, np.sort(f)[-5:])
+
+
+@pytest.mark.parametrize("bits", [6, 8])
+def test_the_memo_rounds_to_nearest_significant_bits_ties_to_even(bits: int) -> None:
+    rng = np.random.default_rng(bits)
+    x = np.concatenate([np.arange(0.0, 70_000.0), np.arange(0, 4000) / 4.0,
+                        np.exp(rng.uniform(-5.0, 30.0, 50_000))])
+    m, e = np.frexp(x)
+    scale = float(1 << bits)
+    expected = np.ldexp(np.round(m * scale) / scale, e)  # np.round: half to even
+    assert np.array_equal(round_bits(x, bits), expected)
+    assert all(_round_one(float(v), bits) == float(r) for v, r in zip(x[::97], expected[::97],
+                                                                        strict=True))

@@ -65,6 +65,14 @@ class Grid:
     def _corner_tuples(self) -> list[tuple[int, ...]]:
         return list(product((0, 1), repeat=len(self.axes)))
 
+    @functools.cached_property
+    def _flat(self) -> tuple[list[float], list[float], tuple[int, ...]]:
+        """log_eff and latency as flat lists of plain floats, and the index strides (a single
+        point's query reads a few cells, and numpy's scalar indexing dominates at that size)."""
+        strides = tuple(int(np.prod(self.log_eff.shape[j + 1:], dtype=np.int64))
+                        for j in range(self.log_eff.ndim))
+        return self.log_eff.ravel().tolist(), self.latency.ravel().tolist(), strides
+
     def _query_one(self, point: np.ndarray, roofline: float,
                    exact: bool) -> tuple[np.ndarray, np.ndarray]:
         """`query` for a single point, in plain floats (a step prices one point per
@@ -84,6 +92,7 @@ class Grid:
             lo.append(h - 1)
             hi.append(h)
             t.append(min(max(tj, 0.0), 1.0))
+        flat_eff, flat_lat, strides = self._flat
         acc = wsum = 0.0
         for corner in self._corner_tuples:
             w = 1.0
@@ -91,8 +100,8 @@ class Grid:
                 w *= tj if c else 1.0 - tj
             if w <= 0:
                 continue
-            v = float(self.log_eff[tuple(h if c else lw for c, h, lw in zip(corner, hi, lo,
-                                                                             strict=True))])
+            v = flat_eff[sum((h if c else lw) * st for c, h, lw, st in zip(corner, hi, lo, strides,
+                                                                          strict=True))]
             if v == v:  # not NaN
                 acc += w * v
                 wsum += w
@@ -105,8 +114,8 @@ class Grid:
             code = EXTRAPOLATED
         ms = roofline / math.exp(log_eff)
         if exact and not outside and all(tj < 1e-12 or tj > 1 - 1e-12 for tj in t):
-            lat = float(self.latency[tuple(h if tj > 0.5 else lw
-                                           for tj, h, lw in zip(t, hi, lo, strict=True))])
+            lat = flat_lat[sum((h if tj > 0.5 else lw) * st
+                               for tj, h, lw, st in zip(t, hi, lo, strides, strict=True))]
             if lat == lat:
                 ms, code = lat, MEASURED
         return np.array([ms]), np.array([code])

@@ -234,7 +234,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from planner.objectives import load_slo_file, merge_slos, parse_slo
-    from planner.plan import build_plan, describe, summarize, to_json, write_plan
+    from planner.plan import (
+        build_plan,
+        describe,
+        standing_text,
+        summarize,
+        to_json,
+        write_plan,
+    )
     from planner.search import SearchConfig, finished, records, run_search
     from planner.space import build_space
     from planner.storage import redact
@@ -267,8 +274,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     if summary.best is None:
         near = summary.closest
         hint = f"; closest: {describe(near['deployment'])}" if near else ""
+        missed = [standing_text(e) for e in summary.standing if e["margin"] < 0]
+        if missed:
+            hint += f" ({'; '.join(missed)})"
         print(f"rackplan: no plan met the SLOs ({', '.join(str(s) for s in config.slos)}) in "
-              f"{summary.trials} trials{hint}; relax --slo or raise --trials", file=sys.stderr)
+              f"{summary.trials} trials{hint}; relax --slo, lower the load or raise --gpus or "
+              "--trials", file=sys.stderr)
         return 1
     return 0
 
@@ -282,7 +293,7 @@ def _best_text(summary: Any) -> str:
 
 def _print_search(summary: Any, config: Any, name: str, storage: str,
                   out: Path | None) -> None:
-    from planner.plan import describe
+    from planner.plan import describe, standing_text
 
     c = _console()
     s = config.space
@@ -293,6 +304,16 @@ def _print_search(summary: Any, config: Any, name: str, storage: str,
             f"{summary.feasible} feasible"
             + (f", {summary.failed} failed" if summary.failed else "")
             + f" (study {name} in {storage})")
+    for stage, title in (("rejected", "rejected"), ("screened_out", "screened out"),
+                         ("missed_slo", "simulated, missed"), ("failed", "failed")):
+        got = summary.reasons.get(stage)
+        if got:
+            c.print(f"  {title}: " + ", ".join(f"{label} {n}" for label, n in got.items()),
+                    highlight=False)
+    if summary.standing:
+        who = "chosen plan" if summary.best is not None else "closest plan"
+        c.print(f"  SLOs against the {who}, tightest first: "
+                + "; ".join(standing_text(e) for e in summary.standing), highlight=False)
     if summary.best is None:
         return
     d = summary.best["deployment"]

@@ -69,6 +69,12 @@ class Summary:
     """Feasible records on the front of throughput per GPU vs median tokens/s per user."""
     closest: dict[str, Any] | None
     """When nothing is feasible: the simulated record closest to meeting the SLOs."""
+    reasons: dict[str, dict[str, int]]
+    """Why trials did not become the plan: per stage (rejected, screened_out, missed_slo,
+    failed), trials per reason (see `REASONS`)."""
+    standing: list[dict[str, Any]]
+    """The SLOs against the chosen plan (or, when none is feasible, the closest one), tightest
+    first (`slo_standing`)."""
 
 
 def summarize(records: list[dict[str, Any]], slos: tuple[SLO, ...] = ()) -> Summary:
@@ -87,7 +93,10 @@ def summarize(records: list[dict[str, Any]], slos: tuple[SLO, ...] = ()) -> Summ
     if not ok and unique:
         closest = min(unique, key=lambda r: (violation(r["metrics"], slos), r["number"]))
     best = ok[0] if ok else None
+    shown = best or closest
     return Summary(
+        reasons=reasons(records, slos),
+        standing=slo_standing(shown["metrics"], slos) if shown else [],
         trials=len(records),
         rejected=sum(r["stage"] == "rejected" for r in records),
         screened_out=sum(r["stage"] == "screened_out" for r in records),
@@ -95,6 +104,67 @@ def summarize(records: list[dict[str, Any]], slos: tuple[SLO, ...] = ()) -> Summ
         failed=sum(r["stage"] == "failed" for r in records),
         feasible=len(ok), best=best, alternatives=ok[1: 1 + ALTERNATIVES], pareto=front,
         closest=closest)
+
+
+REASONS: tuple[tuple[str, str, re.Pattern[str]], ...] = tuple(
+    (stage, label, re.compile(pattern, re.IGNORECASE)) for stage, label, pattern in (
+        ("rejected", "over the GPU budget", r"but the budget is"),
+        ("rejected", "weights or KV do not fit memory", r"memory|HBM|does not fit|KV cache"),
+        ("rejected", "placement on the topology", r"topology|NVLink|scale-up|domain|placement"),
+        ("rejected", "a vLLM rule", r"vLLM|must divide|divisible|multiple of"),
+        ("screened_out", "estimate below the best", r"of the best (?:simulated|screened)"),
+        ("screened_out", "estimate misses {0}", r"^screen: (\w+) (?:~.*\(SLO\)|unbounded)"),
+        ("screened_out", "same estimate as a simulated plan", r"same estimate as simulated"),
+        ("screened_out", "dominated by a simulated plan", r"dominated"),
+        ("screened_out", "screen warming up", r"warming up"),
+    ))
+"""(stage, label, pattern) in order: a trial's reason takes the first row of its stage whose
+pattern it matches (a label's {0} is the pattern's first group); others count as 'other'."""
+
+
+def reasons(records: list[dict[str, Any]], slos: tuple[SLO, ...] = ()) -> dict[
+        str, dict[str, int]]:
+    """Trials per reason and stage: rejected and screened-out trials by their reason (REASONS),
+    simulated ones that miss an SLO by each SLO they miss, failed ones by error type."""
+    out: dict[str, dict[str, int]] = {}
+
+    def count(stage: str, label: str) -> None:
+        out.setdefault(stage, {})
+        out[stage][label] = out[stage].get(label, 0) + 1
+
+    for r in records:
+        stage, why = r["stage"], str(r.get("reason", ""))
+        if stage == "simulated":
+            for slo in slos:
+                if slo.violation(r["metrics"]) > 0:
+                    count("missed_slo", str(slo))
+            continue
+        if stage == "failed":
+            count("failed", why.split(":")[0] or "error")
+            continue
+        label = next((lab.format(*m.groups()) for st, lab, pat in REASONS
+                      if st == stage and (m := pat.search(why))), "other")
+        count(stage, label)
+    return {k: dict(sorted(v.items(), key=lambda kv: (-kv[1], kv[0]))) for k, v in out.items()}
+
+
+def slo_standing(metrics: dict[str, Any], slos: tuple[SLO, ...]) -> list[dict[str, Any]]:
+    """Each SLO against a simulated plan's metrics: its value, and its margin relative to the
+    bound (> 0: met with that headroom, < 0: missed by that much), tightest first."""
+    out = []
+    for slo in slos:
+        v = metric_value(metrics, slo.metric)
+        margin = -slo.violation(metrics)
+        out.append({"slo": str(slo), "metric": slo.metric, "bound": slo.value, "value": v,
+                    "margin": margin})
+    return sorted(out, key=lambda e: e["margin"])
+
+
+def standing_text(e: dict[str, Any]) -> str:
+    """One SLO's standing in words: `ttft_p90_ms 2,397 against <= 3000: 20 % headroom`."""
+    v = "none" if e["value"] is None else f"{e['value']:,.4g}"
+    word = "headroom" if e["margin"] >= 0 else "short"
+    return f"{e['metric']} {v} against {e['slo'].split(' ', 1)[1]}: {abs(e['margin']):.0%} {word}"
 
 
 def describe(d: dict[str, Any]) -> str:
@@ -132,6 +202,9 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "simulations": summary.simulations, "failed": summary.failed,
         "alternatives": [_entry(r) for r in summary.alternatives],
         "pareto": [_entry(r) for r in summary.pareto],
+        "reasons": summary.reasons,
+        "closest": _entry(summary.closest) if summary.closest else None,
+        "slo_standing": summary.standing,
     }
 
 
@@ -155,6 +228,9 @@ def build_plan(summary: Summary, workload: Workload, slos: tuple[SLO, ...], obje
                             "failed")},
         "alternatives": [_entry(r) for r in summary.alternatives],
         "pareto": [_entry(r) for r in summary.pareto],
+        "reasons": summary.reasons,
+        "closest": _entry(summary.closest) if summary.closest else None,
+        "slo_standing": summary.standing,
     }
 
 

@@ -69,6 +69,57 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _length_text(spec: Any) -> str:
+    """A token-length distribution in a few words."""
+    kind = spec.kind
+    if kind == "fixed":
+        return f"{spec.value:,}"
+    if kind == "uniform":
+        return f"{spec.low:,}-{spec.high:,}"
+    return f"~{spec.median:,.0f} ({kind}, max {spec.max:,})"
+
+
+def _arrival_text(a: Any) -> str:
+    """An arrival process in a few words."""
+    if hasattr(a, "concurrency"):
+        return f"{a.kind}, concurrency {a.concurrency:,}"
+    if hasattr(a, "rate"):
+        return f"{a.kind}, {a.rate:g} req/s"
+    return str(a.kind)
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    from importlib import resources
+
+    rows: list[dict[str, Any]] = []
+    for name in defaults.workload_presets():
+        w = defaults.load_workload_arg(name)
+        text = resources.files("planner").joinpath(f"presets/{name}.yaml").read_text()
+        comment = " ".join(line.lstrip("#").strip() for line in text.splitlines()
+                           if line.startswith("#"))
+        first = comment.split(". ")[0].rstrip(".") + "." if comment else ""
+        sessions = w.arrival.kind == "sessions"
+        rows.append({
+            "name": name, "summary": first, "arrival": _arrival_text(w.arrival),
+            "requests": w.requests,
+            "input_tokens": "session traces" if sessions else _length_text(w.input_tokens),
+            "output_tokens": "session traces" if sessions else _length_text(w.output_tokens),
+        })
+    if args.json:
+        _print_json({"workloads": rows})
+        return 0
+    t = Table(title="workload presets (rackplan search --workload NAME)")
+    for col in ("name", "arrival", "requests", "input tokens", "output tokens"):
+        t.add_column(col, justify="right" if col == "requests" else "left")
+    for r in rows:
+        t.add_row(r["name"], r["arrival"], f"{r['requests']:,}", r["input_tokens"],
+                  r["output_tokens"])
+    _console().print(t)
+    _console().print("what each is: the comment at the top of planner/presets/NAME.yaml "
+                     "(--json: summary)", highlight=False)
+    return 0
+
+
 def cmd_hardware(args: argparse.Namespace) -> int:
     from simulator.specs.hardware import HARDWARE
 
@@ -411,6 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_hardware)
 
+    p = sub.add_parser("workloads", help="list the workload presets")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_workloads)
+
     p = sub.add_parser("step", help="price one engine step of one instance of a deployment")
     p.add_argument("deployment", help="deployment YAML (DESIGN.md format)")
     p.add_argument("--role", choices=["prefill", "decode", "aggregated"], default="decode",
@@ -448,8 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"hardware preset (default {defaults.HARDWARE})")
     p.add_argument("--gpus", type=int, default=defaults.GPUS,
                    help=f"GPU budget (default {defaults.GPUS})")
-    p.add_argument("--workload", help=f"workload YAML or preset name (default "
-                                      f"{defaults.WORKLOAD}: multi-turn agent sessions)")
+    p.add_argument("--workload", help=f"workload YAML or preset name: "
+                                      f"{', '.join(defaults.workload_presets())} (default "
+                                      f"{defaults.WORKLOAD}: AgentX session trees; see "
+                                      "`rackplan workloads`)")
     p.add_argument("--slo", action="append", metavar="NAME=VALUE",
                    help="an SLO, repeatable: ttft_p90_ms=2000 (upper bound), "
                         "tok_s_user_p90=20 (lower bound); default: "

@@ -158,3 +158,20 @@ def test_step_prices_a_prompt_chunk_after_a_cached_prefix(tmp_path, capsys):
                           "--role prefill")
     assert_one_line_error(run_cli("step", str(path), "--ranks-busy", "3"), "--ranks-busy=3",
                           "between 1 and")
+
+
+def test_workloads_lists_every_preset_and_each_simulates(tmp_path):
+    r = run_cli("workloads", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {w["name"]: w for w in json.loads(r.stdout)["workloads"]}
+    assert {"agentx", "chat", "long-context", "prefill-heavy"} <= set(rows)
+    assert rows["chat"]["arrival"] == "closed, concurrency 256"
+    assert all(w["summary"].endswith(".") for w in rows.values())
+    from planner.defaults import load_workload_arg
+    from simulator.des import simulate
+    from simulator.specs.loading import load_deployment
+    deployment = load_deployment(Path("examples/deepseek-v3-h200-pd.yaml"))
+    for name in ("chat", "long-context", "prefill-heavy"):
+        small = load_workload_arg(name).model_copy(update={"requests": 12})
+        m = simulate(deployment, small).metrics()
+        assert m["completed"] == 12, name

@@ -498,7 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("search", help="search deployments for the best plan under SLOs")
     p.add_argument("--model", default=defaults.MODEL,
-                   help=f"model preset or config.json (default {defaults.MODEL})")
+                   help=f"model preset (`rackplan models`), Hugging Face id such as "
+                        f"deepseek-ai/DeepSeek-V4-Flash (resolved offline: our preset, "
+                        f"aiconfigurator-core's config.json, or the local Hugging Face cache), "
+                        f"or a config.json path (default {defaults.MODEL})")
     p.add_argument("--hardware", default=defaults.HARDWARE,
                    help=f"hardware preset (default {defaults.HARDWARE})")
     p.add_argument("--gpus", type=int, default=defaults.GPUS,

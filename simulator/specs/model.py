@@ -7,6 +7,7 @@ KV-cache bytes per token, and FLOPs per token per operation.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Callable
 from functools import cache
@@ -471,23 +472,78 @@ def preset_names() -> list[str]:
                   if p.name.endswith(".json"))
 
 
+HF_PRESETS = {
+    "deepseek-ai/DeepSeek-R1": "deepseek-r1",
+    "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+    "deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2",
+    "deepseek-ai/DeepSeek-V4-Flash": "deepseek-v4-flash",
+    "deepseek-ai/DeepSeek-V4-Pro": "deepseek-v4-pro",
+    "moonshotai/Kimi-K2-Instruct": "kimi-k2",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+    "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b",
+}
+"""Hugging Face model ids whose preset is ours (the preset carries what the config does not,
+e.g. V4's fp4 experts); other ids load their config.json (`hf_config`)."""
+
+
+def hf_cache_dir() -> Path:
+    """Where the Hugging Face hub keeps downloaded repositories ($HF_HUB_CACHE, else
+    $HF_HOME/hub, else ~/.cache/huggingface/hub); read, never written."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME")
+    return Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def hf_config(model_id: str) -> Path | None:
+    """The config.json of a Hugging Face model id found offline: the one aiconfigurator-core
+    ships (117 models), else the newest snapshot in the local hub cache; None when neither."""
+    flat = model_id.replace("/", "--")
+    shipped = Path(str(resources.files("aiconfigurator_core"))) / "model_configs" / (
+        f"{flat}_config.json")
+    if shipped.is_file():
+        return shipped
+    snapshots = hf_cache_dir() / f"models--{flat}" / "snapshots"
+    found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def _hf_id(ref: str) -> bool:
+    """Whether `ref` reads as a Hugging Face id (org/name) rather than a path."""
+    return ref.count("/") == 1 and not ref.startswith((".", "/", "~")) and not Path(ref).exists()
+
+
 @cache
 def load_model(path_or_preset: str) -> ModelSpec:
-    """A preset by name, or a Hugging Face config.json (or a folder holding one) by path."""
-    if path_or_preset in preset_names():
-        text = resources.files("simulator.specs").joinpath(
-            f"{PRESET_DIR}/{path_or_preset}.json").read_text()
-        return model_from_config(path_or_preset, json.loads(text))
+    """A preset by name; a Hugging Face id (org/name) through its preset or its config.json
+    found offline (`hf_config`); or a config.json (or a folder holding one) by path."""
+    ref = HF_PRESETS.get(path_or_preset, path_or_preset)
+    if ref in preset_names():
+        text = resources.files("simulator.specs").joinpath(f"{PRESET_DIR}/{ref}.json").read_text()
+        return model_from_config(ref, json.loads(text))
+    if _hf_id(path_or_preset):
+        found = hf_config(path_or_preset)
+        if found is None:
+            raise SpecError(
+                f"unknown model {path_or_preset!r}: no preset ({', '.join(preset_names())}), "
+                f"no config.json among aiconfigurator-core's and none in the Hugging Face cache "
+                f"{hf_cache_dir()}; give a path to its config.json")
+        return model_from_config(path_or_preset, _read_config(found))
     path = Path(path_or_preset)
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
         raise SpecError(f"unknown model {path_or_preset!r}; give a preset "
-                        f"({', '.join(preset_names())}) or a path to a config.json")
+                        f"({', '.join(preset_names())}), a Hugging Face id (org/name) or a path "
+                        "to a config.json")
+    return model_from_config(str(path_or_preset), _read_config(path))
+
+
+def _read_config(path: Path) -> dict[str, Any]:
     try:
         cfg = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SpecError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise SpecError(f"{path}: a config.json must hold a JSON object")
-    return model_from_config(str(path_or_preset), cfg)
+    return cfg

@@ -144,3 +144,27 @@ def test_unknown_layer_type_is_refused():
            "layer_types": ["mamba", "full_attention"]}
     with pytest.raises(SpecError, match="layer types mamba"):
         model_from_config("hybrid", cfg)
+
+
+def test_hugging_face_ids_resolve_offline(tmp_path, monkeypatch):
+    from simulator.specs.model import hf_config
+
+    # an id with a preset of ours loads the preset
+    assert load_model("deepseek-ai/DeepSeek-V4-Flash") == load_model("deepseek-v4-flash")
+    # an id aiconfigurator-core ships a config.json for
+    minimax = load_model("MiniMaxAI/MiniMax-M2.5")
+    assert minimax.name == "MiniMaxAI/MiniMax-M2.5" and minimax.is_moe
+    # an id in the local Hugging Face cache: the newest snapshot's config.json
+    hub = tmp_path / "hub"
+    snap = hub / "models--acme--Tiny-MoE" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(
+        (Path(__file__).parents[2] / "simulator/specs/presets/models/tiny-moe.json").read_text())
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert hf_config("acme/Tiny-MoE") == snap / "config.json"
+    load_model.cache_clear()
+    assert load_model("acme/Tiny-MoE").name == "acme/Tiny-MoE"
+    # an id found nowhere: one line naming where it looked
+    with pytest.raises(SpecError, match=r"'acme/Missing'.*Hugging Face cache .*hub"):
+        load_model("acme/Missing")
+    load_model.cache_clear()

@@ -120,6 +120,32 @@ def cmd_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from planner.plan import compare
+
+    got = compare(args.plans)
+    if args.json:
+        _print_json(got)
+        return 0
+    t = Table(title=f"{len(got['plans'])} plans side by side (* differs)")
+    t.add_column("")
+    for i, path in enumerate(got["plans"]):
+        t.add_column(f"{chr(ord('A') + i)}: {path}", justify="right")
+    for label, values in got["rows"].items():
+        mark = "* " if label in got["differences"] else "  "
+        t.add_row(mark + label, *(_cell(v) for v in values))
+    _console().print(t)
+    return 0
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
 def cmd_hardware(args: argparse.Namespace) -> int:
     from simulator.specs.hardware import HARDWARE
 
@@ -461,6 +487,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hardware", help="list the hardware presets")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_hardware)
+
+    p = sub.add_parser("compare", help="plans side by side (budget A against B), their "
+                                       "differences marked")
+    p.add_argument("plans", nargs="+", metavar="PLAN", help="plan.yaml files (rackplan search)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("workloads", help="list the workload presets")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -311,3 +312,37 @@ def load_plan_or_deployment(path: str | Path) -> tuple[Deployment, Workload | No
     workload = data.get("workload")
     return (load_deployment(data["deployment"]),
             load_workload(workload) if isinstance(workload, dict) else None)
+
+
+COMPARED: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
+    ("model", lambda p: p["deployment"].get("model")),
+    ("hardware", lambda p: p["deployment"].get("hardware")),
+    ("GPUs used", lambda p: p.get("predicted", {}).get("gpus")),
+    ("deployment", lambda p: describe(p["deployment"])),
+    ("workload", lambda p: json.dumps(p.get("workload"), sort_keys=True)),
+    ("SLOs", lambda p: ", ".join(f"{k} {v:g}" for k, v in sorted(p.get("slo", {}).items()))),
+    ("tok/s per GPU", lambda p: metric_value(p.get("predicted", {}), THROUGHPUT)),
+    ("tok/s per user, p50", lambda p: metric_value(p.get("predicted", {}), "tok_s_user_p50")),
+    ("tok/s per user, 90 % of requests at least",
+     lambda p: metric_value(p.get("predicted", {}), "tok_s_user_p90")),
+    ("TTFT p90 ms", lambda p: metric_value(p.get("predicted", {}), "ttft_p90_ms")),
+    ("TPOT p90 ms", lambda p: metric_value(p.get("predicted", {}), "tpot_p90_ms")),
+    ("$ per million tokens", lambda p: p.get("predicted", {}).get("cost_per_mtok_usd")),
+    ("seed", lambda p: p.get("provenance", {}).get("seed")),
+)
+"""What `rackplan compare` shows of each plan: (row label, value from the plan document)."""
+
+
+def compare(paths: list[str | Path]) -> dict[str, Any]:
+    """Plans side by side: each row of COMPARED per plan, and the labels of the rows whose
+    values differ; SpecError for a file that is not a plan.yaml."""
+    plans = []
+    for path in paths:
+        data = read_yaml(Path(path))
+        if not is_plan(data):
+            raise SpecError(f"{path}: not a plan.yaml (no deployment: mapping); compare takes "
+                            "plans written by rackplan search")
+        plans.append(data)
+    rows = {label: [get(p) for p in plans] for label, get in COMPARED}
+    differ = [label for label, values in rows.items() if len({json.dumps(v) for v in values}) > 1]
+    return {"plans": [str(p) for p in paths], "rows": rows, "differences": differ}

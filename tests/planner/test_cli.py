@@ -175,3 +175,32 @@ def test_workloads_lists_every_preset_and_each_simulates(tmp_path):
         small = load_workload_arg(name).model_copy(update={"requests": 12})
         m = simulate(deployment, small).metrics()
         assert m["completed"] == 12, name
+
+
+def _plan_file(path, dep, throughput):
+    path.write_text(yaml.safe_dump({
+        "format": 1,
+        "deployment": {"model": "deepseek-v3", "hardware": "h200", "gpus": 16,
+                       "aggregated": {"instances": 1, "dep": dep}},
+        "workload": {"arrival": {"kind": "closed", "concurrency": 8}, "requests": 16},
+        "slo": {"ttft_p90_ms": 2000.0},
+        "predicted": {"gpus": dep, "throughput_tok_s_gpu": throughput,
+                      "ttft_ms": {"p90": 900.0}, "tpot_ms": {"p90": 30.0}},
+    }))
+    return str(path)
+
+
+def test_compare_puts_plans_side_by_side_and_marks_what_differs(tmp_path):
+    a, b = _plan_file(tmp_path / "a.yaml", 8, 1000.0), _plan_file(tmp_path / "b.yaml", 16, 900.0)
+    r = run_cli("compare", a, b, "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["rows"]["tok/s per GPU"] == [1000.0, 900.0]
+    assert set(got["differences"]) == {"GPUs used", "deployment", "tok/s per GPU"}
+    table = run_cli("compare", a, b)
+    assert table.returncode == 0 and "* deployment" in table.stdout
+
+
+def test_compare_refuses_what_is_not_a_plan(tmp_path):
+    assert_one_line_error(run_cli("compare", "examples/deepseek-v3-h200-pd.yaml"),
+                          "deepseek-v3-h200-pd.yaml", "not a plan.yaml")

@@ -430,7 +430,9 @@ def _print_search(summary: Any, config: Any, name: str, storage: str,
 
 @contextmanager
 def _search_progress(total: int) -> Iterator[Callable[[int, str], None]]:
-    """A progress bar on stderr: trials done and the best plan so far."""
+    """A progress bar on stderr: trials done and the best plan so far (a line every
+    LOG_EVERY_S when stderr is not a terminal)."""
+    log = _LogLines("searching")
     with Progress(TextColumn("searching"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[best]}"), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty(),
@@ -439,8 +441,30 @@ def _search_progress(total: int) -> Iterator[Callable[[int, str], None]]:
 
         def update(done: int, best: str) -> None:
             bar.update(task, completed=done, best=best)
+            log(f"{done}/{total} trials" + (f", {best}" if best else ""))
 
         yield update
+
+
+LOG_EVERY_S = 10.0
+"""Seconds between progress lines when stderr is not a terminal (logs, CI, pipes)."""
+
+
+class _LogLines:
+    """Progress as plain lines on stderr, at most one every LOG_EVERY_S, when stderr is not a
+    terminal (where the progress bar shows instead)."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.start = label, time.monotonic()
+        self.last = self.start
+        self.on = not sys.stderr.isatty()
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if self.on and now - self.last >= LOG_EVERY_S:
+            self.last = now
+            print(f"{self.label}: {text} ({now - self.start:.0f} s)", file=sys.stderr,
+                  flush=True)
 
 
 def _fmt_pct(v: float | None) -> str:
@@ -455,9 +479,11 @@ def _progress(label: str, total: float) -> Iterator[Callable[[float], None]]:
                   ) as bar:
         task = bar.add_task(label, total=total, visible=False)
         start = time.monotonic()
+        log = _LogLines(label)
 
         def advance(done: float) -> None:
             bar.update(task, completed=done, visible=time.monotonic() - start > 1.0)
+            log(f"{done / total:.0%}" if total else f"{done:g}")
 
         yield advance
 

@@ -91,6 +91,24 @@ def test_the_cli_prints_the_reasons_of_an_infeasible_search(tmp_path):
     assert r.returncode == 1, r.stderr
     assert "simulated, missed: ttft_p90_ms <= 0.001" in r.stdout
     assert "SLOs against the closest plan" in r.stdout
-    (line,) = r.stderr.strip().splitlines()
+    line = r.stderr.strip().splitlines()[-1]  # after any progress lines
     assert "no plan met the SLOs" in line and "% short" in line and "closest:" in line
     assert not (tmp_path / "plan.yaml").exists()
+
+
+def test_progress_reaches_a_log_when_stderr_is_not_a_terminal(tmp_path, monkeypatch, capsys):
+    import planner.cli
+
+    monkeypatch.setattr(planner.cli, "LOG_EVERY_S", 0.0)
+    wl = tmp_path / "w.yaml"
+    wl.write_text("arrival: {kind: closed, concurrency: 4}\nrequests: 8\n"
+                  "input_tokens: {kind: fixed, value: 256}\n"
+                  "output_tokens: {kind: fixed, value: 8}\n")
+    code = planner.cli.main(["search", "--hardware", "h200", "--gpus", "16", "--workload",
+                             str(wl), "--slo", "ttft_p90_ms<=100000", "--trials", "3",
+                             "--no-screen", "--storage", f"sqlite:///{tmp_path}/s.db",
+                             "--out", str(tmp_path / "plan.yaml")])
+    assert code == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "searching: 3/3 trials" in " ".join(err)
+    assert all(line.startswith("searching: ") for line in err)

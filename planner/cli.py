@@ -584,9 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {defaults.STORAGE})")
     p.add_argument("--study", help="study name (default: derived from the search, so the same "
                                    "search resumes)")
-    p.add_argument("--batch", type=int, default=4,
+    p.add_argument("--batch", type=int, default=defaults.BATCH,
                    help="evaluations per round, chosen together; the answer depends on the "
-                        "seed and batch, not on --workers (default 4)")
+                        f"seed and batch, not on --workers (default {defaults.BATCH})")
     p.add_argument("--workers", type=int, default=1,
                    help="local processes evaluating a round's points, at most --batch "
                         "(default 1)")

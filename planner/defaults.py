@@ -23,6 +23,9 @@ SLOS = (SLO("tok_s_user_p90", 196.0), SLO("ttft_p90_ms", 3000.0))
 that no plan wins by letting requests queue."""
 TRIALS = 100
 """Trials of the default search (fits the demo's one minute on two cores)."""
+BATCH = 4
+"""Evaluations a search round chooses together (planner/search.py: the answer depends on it and
+on the seed, not on the workers)."""
 STORAGE = "sqlite:///runs/rackplan.db"
 """Optuna storage: an SQLite file under runs/ in the working directory."""
 OUT = "runs/plan.yaml"

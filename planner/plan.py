@@ -229,9 +229,6 @@ def build_plan(summary: Summary, workload: Workload, slos: tuple[SLO, ...], obje
                             "failed")},
         "alternatives": [_entry(r) for r in summary.alternatives],
         "pareto": [_entry(r) for r in summary.pareto],
-        "reasons": summary.reasons,
-        "closest": _entry(summary.closest) if summary.closest else None,
-        "slo_standing": summary.standing,
     }
 
 

@@ -40,6 +40,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from planner.defaults import BATCH
 from planner.evaluate import Evaluate, Simulator, calibration_for, overhead_for
 from planner.fidelity import TWIN, Gate, Seen
 from planner.objectives import SLO, meets, objective_metrics, objective_values, violation
@@ -81,7 +82,7 @@ class SearchConfig:
     storage: str = DEFAULT_STORAGE
     study: str | None = None
     """Study name; None: derived from the space, workload, SLOs and objective."""
-    batch: int = 4
+    batch: int = BATCH
     """Evaluations per round: chosen together from the trials finished before the round, then
     evaluated in parallel; the answer depends on the seed and batch, never on workers."""
     workers: int = 1

@@ -145,8 +145,7 @@ class CachedCalibration:
         index = memo.index
         at = [index.get(k, -1) for k in keys]
         if -1 in at:
-            new = [i for i, a in enumerate(at) if a < 0]
-            new_keys = list(dict.fromkeys(keys[i] for i in new))
+            new_keys = list(dict.fromkeys(k for k, a in zip(keys, at, strict=True) if a < 0))
             rows = np.frombuffer(b"".join(new_keys), dtype=float).reshape(-1, x.shape[1])
             if not self._fill(memo, method, varying, args, kwargs, new_keys, rows):
                 return None

@@ -41,19 +41,13 @@ from simulator.cost import Batch, Instance, StepTime, step_time
 from simulator.cost.price_cache import CachedCalibration
 
 
-def round_bits(x: np.ndarray, bits: int) -> np.ndarray:
-    """`x` (>= 0, below 2^900) rounded to nearest at `bits` significant bits, ties to even.
+def round_bits(x: Any, bits: int) -> Any:
+    """`x` (>= 0, below 2^900; an array or one float) rounded to nearest at `bits` significant
+    bits, ties to even.
 
     Veltkamp's split in three float operations: c = x (2^(53 - bits) + 1) holds x shifted
     up, c - (c - x) its leading `bits` bits (the same values as rounding frexp's mantissa;
     tests/simulator/test_price_cache.py checks them against it)."""
-    c = x * float((1 << (53 - bits)) + 1)
-    out: np.ndarray = c - (c - x)
-    return out
-
-
-def _round_one(x: float, bits: int) -> float:
-    """`round_bits` of one value, in plain floats."""
     c = x * float((1 << (53 - bits)) + 1)
     return c - (c - x)
 
@@ -131,7 +125,7 @@ class StepPricer:
         self.calls += 1
         rounded = round_bits(np.array([decode_requests, decode_context, prefill_tokens,
                                        prefill_requests, prefill_context]), self.bits).T
-        top = 0.0 if expert_tokens is None else _round_one(float(expert_tokens[0]), self.bits)
+        top = 0.0 if expert_tokens is None else round_bits(float(expert_tokens[0]), self.bits)
         seen = (rounded.tobytes(), top)  # the rows as they are: most steps repeat the last
         hit = self._rows.get(seen)
         if hit is not None:

@@ -37,8 +37,6 @@ class DecodeSlots:
         self.context = np.zeros(shape)
         self.generated = np.zeros(shape)
         self.target = np.zeros(shape)
-        self.due = np.zeros(shape)
-        """target less the tolerance: a slot is done once generated reaches it."""
         self.reserved = np.zeros(shape)
         self.held = np.zeros(ranks, dtype=np.int64)
         """Slots reserved per rank (active or not)."""
@@ -80,7 +78,6 @@ class DecodeSlots:
         self.context[rank, slot] = context
         self.generated[rank, slot] = 0.0
         self.target[rank, slot] = output
-        self.due[rank, slot] = output - DONE_EPS
         self.reserved[rank, slot] = need
         self.held[rank] += 1
         return slot
@@ -135,7 +132,7 @@ class DecodeSlots:
         else:
             first = self.rid[fresh]
             self.fresh[fresh] = False
-        done = a & (self.generated >= self.due)
+        done = a & (self.generated >= self.target - DONE_EPS)
         finished = self.rid[done]
         ranks: list[int] = []
         if finished.size:

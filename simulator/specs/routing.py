@@ -61,7 +61,8 @@ class Candidates:
     queued_tokens: np.ndarray
     requests: np.ndarray
     cached_tokens: np.ndarray
-    prompt_tokens: np.ndarray | float = 0.0
+    prompt_tokens: float = 0.0
+    """The request's prompt length, the same for every candidate."""
 
     @property
     def new_tokens(self) -> np.ndarray:

@@ -11,7 +11,7 @@ from simulator.calibration import Calibration, load_calibration
 from simulator.cost import Batch, step_time
 from simulator.cost.price_cache import CachedCalibration
 from simulator.cost.step import instance_from_role
-from simulator.des.pricing import StepPricer, _round_one, round_bits
+from simulator.des.pricing import StepPricer, round_bits
 from simulator.specs.deployment import RoleSpec, Speculative
 from simulator.specs.hardware import load_hardware
 from simulator.specs.model import load_model
@@ -134,5 +134,5 @@ def test_the_memo_rounds_to_nearest_significant_bits_ties_to_even(bits: int) -> 
     scale = float(1 << bits)
     expected = np.ldexp(np.round(m * scale) / scale, e)  # np.round: half to even
     assert np.array_equal(round_bits(x, bits), expected)
-    assert all(_round_one(float(v), bits) == float(r) for v, r in zip(x[::97], expected[::97],
+    assert all(round_bits(float(v), bits) == float(r) for v, r in zip(x[::97], expected[::97],
                                                                         strict=True))

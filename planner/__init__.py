@@ -10,8 +10,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from planner.chart import write_chart
+    from planner.curves import curves
     from planner.evaluate import Evaluate, Simulator
     from planner.fidelity import Gate
+    from planner.load import at_load, ladder
     from planner.objectives import SLO, load_slo_file, meets, pareto_front, parse_slo
     from planner.plan import Summary, build_plan, summarize, write_plan
     from planner.screen import Screen
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
     from planner.space import SearchSpace, build_space, check, suggest
 
 _WHERE = {
+    "write_chart": "chart", "curves": "curves", "at_load": "load", "ladder": "load",
     "Evaluate": "evaluate", "Simulator": "evaluate", "Gate": "fidelity",
     "SLO": "objectives", "load_slo_file": "objectives", "meets": "objectives",
     "pareto_front": "objectives", "parse_slo": "objectives",
@@ -29,8 +33,9 @@ _WHERE = {
 
 __all__ = [
     "SLO", "Evaluate", "Gate", "Screen", "SearchConfig", "SearchSpace", "Simulator", "Summary",
-    "build_plan", "build_space", "check", "load_slo_file", "meets", "pareto_front", "parse_slo",
-    "run_search", "suggest", "summarize", "write_plan",
+    "at_load", "build_plan", "build_space", "check", "curves", "ladder", "load_slo_file", "meets",
+    "pareto_front", "parse_slo", "run_search", "suggest", "summarize", "write_chart",
+    "write_plan",
 ]
 
 

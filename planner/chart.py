@@ -48,14 +48,22 @@ def _labelled(n: int) -> set[int]:
     return {round(i * (n - 1) / (MAX_LABELS - 1)) for i in range(MAX_LABELS)}
 
 
-def _check(path: Path, curves: Sequence[Mapping[str, Any]], user_axis: str) -> str:
-    """The output format of path; SpecError for anything that would fail before drawing."""
+def check_chart_path(path: str | Path) -> Path:
+    """The path, or SpecError when a chart cannot be written there (checked before the work
+    that makes the chart's data)."""
+    path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise SpecError(f"cannot write a chart to {str(path)!r}: the file name must end in "
                         f"{', '.join(FORMATS)}")
     if not path.parent.is_dir():
         raise SpecError(f"cannot write a chart to {str(path)!r}: the directory "
                         f"{str(path.parent)!r} does not exist")
+    return path
+
+
+def _check(path: Path, curves: Sequence[Mapping[str, Any]], user_axis: str) -> str:
+    """The output format of path; SpecError for anything that would fail before drawing."""
+    check_chart_path(path)
     if user_axis not in USER_AXES:
         raise SpecError(f"user_axis {user_axis!r} is not one of {', '.join(USER_AXES)}")
     if not curves:

@@ -310,7 +310,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from planner.objectives import load_slo_file, merge_slos, parse_slo
+    from planner.chart import check_chart_path
+    from planner.curves import curves, user_axis
+    from planner.load import for_target, ladder
+    from planner.objectives import load_slo_file, merge_slos, parse_slo, parse_target_rate
     from planner.plan import (
         build_plan,
         describe,
@@ -323,42 +326,105 @@ def cmd_search(args: argparse.Namespace) -> int:
     from planner.space import build_space
     from planner.storage import redact
 
-    slos = [parse_slo(text) for text in args.slo or []]
+    given = [parse_slo(text) for text in args.slo or []]
     if args.slo_file:
-        slos = [*load_slo_file(args.slo_file), *slos]
+        given = [*load_slo_file(args.slo_file), *given]
+    slos = merge_slos(given) if given or args.slo_file else defaults.SLOS
+    workload = defaults.load_workload_arg(args.workload)
+    loads = ladder(workload, args.loads) if args.loads else ()
+    objective = args.objective or "slo"
+    if args.target_rate:
+        if args.objective not in (None, "gpus"):
+            raise SpecError(f"--target-rate asks for the fewest GPUs; it cannot go with "
+                            f"--objective {args.objective}")
+        target = parse_target_rate(args.target_rate)
+        slos = merge_slos([*slos, target])
+        workload, loads = for_target(workload, target.metric, target.value, loads)
+        objective = "gpus"
+    plot = check_chart_path(args.plot) if args.plot else None
     config = SearchConfig(
-        space=build_space(args.model, args.hardware, args.gpus),
-        workload=defaults.load_workload_arg(args.workload),
-        slos=merge_slos(slos) if slos or args.slo_file else defaults.SLOS,
-        objective=args.objective, trials=args.trials, seed=args.seed, storage=args.storage,
-        study=args.study, batch=args.batch, workers=args.workers, screen=not args.no_screen,
-        max_simulations=args.max_simulations)
+        space=build_space(args.model, args.hardware, args.gpus), workload=workload,
+        slos=slos, objective=objective, trials=args.trials, seed=args.seed,
+        storage=args.storage, study=args.study, batch=args.batch, workers=args.workers,
+        screen=not args.no_screen, max_simulations=args.max_simulations, loads=loads)
     with _search_progress(config.trials) as update:
         study = run_search(config, progress=lambda n, trials: update(
-            n, _best_text(summarize(records(trials), config.slos))))
-    summary = summarize(records(finished(study)), config.slos)
+            n, _best_text(summarize(records(trials), config.slos, config.objective))))
+    recs = records(finished(study))
+    summary = summarize(recs, config.slos, config.objective)
+    sweep = curves(summary, recs, config.curves, user_axis(config.slos))
     name, storage = config.study_name(), redact(config.storage)
     out = None
     if summary.best is not None:
         plan = build_plan(summary, config.workload, config.slos, config.objective, config.seed,
-                          name, storage)
+                          name, storage, sweep)
         out = write_plan(plan, args.out)
+    if not args.json:
+        _print_search(summary, config, name, storage, out)
+        _print_curves(sweep, config)
+    drawn = _draw(plot, sweep, config) if plot is not None else None
     if args.json:
         _print_json({**to_json(summary), "plan": str(out) if out else None, "study": name,
-                     "storage": storage})
-    else:
-        _print_search(summary, config, name, storage, out)
+                     "storage": storage, "curves": sweep, "chart": drawn})
+    elif drawn:
+        _console().print(f"chart written to {drawn}")
     if summary.best is None:
         near = summary.closest
         hint = f"; closest: {describe(near['deployment'])}" if near else ""
         missed = [standing_text(e) for e in summary.standing if e["margin"] < 0]
         if missed:
             hint += f" ({'; '.join(missed)})"
+        sweep_hint = "" if config.loads else " (--loads auto searches the load too)"
         print(f"rackplan: no plan met the SLOs ({', '.join(str(s) for s in config.slos)}) in "
-              f"{summary.trials} trials{hint}; relax --slo, lower the load or raise --gpus or "
-              "--trials", file=sys.stderr)
+              f"{summary.trials} trials{hint}; relax --slo, lower the load{sweep_hint} or "
+              "raise --gpus or --trials", file=sys.stderr)
         return 1
     return 0
+
+
+def _draw(path: Path, sweep: dict[str, Any], config: Any) -> str | None:
+    """Write the load sweep's chart (None when nothing was swept)."""
+    from planner.chart import write_chart
+    from planner.load import load_kind
+
+    if not sweep["curves"]:
+        print("rackplan: --plot: nothing to plot, the search swept no load (give --loads)",
+              file=sys.stderr)
+        return None
+    axis = sweep["user_axis"]
+    floor = next((s.value for s in config.slos if s.metric == axis), None)
+    s = config.space
+    return str(write_chart(path, sweep["curves"], sweep["envelope"], user_axis=axis,
+                           user_floor=floor, load_unit=load_kind(config.workload).unit,
+                           title=f"{s.model} on up to {s.gpus} x {s.hardware}"))
+
+
+def _print_curves(sweep: dict[str, Any], config: Any) -> None:
+    """The throughput-interactivity curves, one table per swept deployment."""
+    from planner.load import load_kind
+
+    if not sweep["curves"]:
+        return
+    unit, axis = load_kind(config.workload).unit, sweep["user_axis"]
+    c = _console()
+    for curve in sweep["curves"]:
+        t = Table(title=f"across load: {curve['label']}")
+        for col in (unit, "tok/s/GPU", f"tok/s/user {axis.rsplit('_', 1)[1]}", "TTFT p90 ms",
+                    "meets SLOs"):
+            t.add_column(col, justify="right")
+        for p in curve["points"]:
+            t.add_row(f"{p['load']:,.4g}", _num(p["throughput_tok_s_gpu"], ",.0f"),
+                      _num(p[axis], ",.1f"), _num(p["ttft_p90_ms"], ",.0f"),
+                      "yes" if p["meets_slo"] else "no")
+        c.print(t)
+    t = Table(title="envelope: the most tok/s/GPU at each tok/s/user, any deployment and load")
+    for col in (f"tok/s/user {axis.rsplit('_', 1)[1]}", "tok/s/GPU", unit, "deployment",
+                "meets SLOs"):
+        t.add_column(col, justify="left" if col == "deployment" else "right")
+    for p in sweep["envelope"]:
+        t.add_row(_num(p[axis], ",.1f"), _num(p["throughput_tok_s_gpu"], ",.0f"),
+                  f"{p['load']:,.4g}", p["label"], "yes" if p["meets_slo"] else "no")
+    c.print(t)
 
 
 def _best_text(summary: Any) -> str:
@@ -394,7 +460,12 @@ def _print_search(summary: Any, config: Any, name: str, storage: str,
     if summary.best is None:
         return
     d = summary.best["deployment"]
-    t = Table(title=f"chosen plan (trial {summary.best['number']})")
+    at = ""
+    if summary.best.get("load") is not None:
+        from planner.load import load_text
+
+        at = f", at {load_text(config.workload, summary.best['load'])}"
+    t = Table(title=f"chosen plan (trial {summary.best['number']}{at})")
     for col in ("role", "instances", "DEP", "GPUs", "max_num_seqs", "max_num_batched_tokens",
                 "redundant experts", "MTP tokens", "all2all"):
         t.add_column(col, justify="left" if col in ("role", "all2all") else "right")
@@ -573,9 +644,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "tok_s_user_p90=20 (lower bound); default: "
                         + " and ".join(f"{s.metric}={s.value:g}" for s in defaults.SLOS))
     p.add_argument("--slo-file", help="YAML mapping of SLOs, e.g. {ttft_p90_ms: 2000}")
-    p.add_argument("--objective", choices=["slo", "pareto"], default="slo",
+    p.add_argument("--objective", choices=["slo", "pareto", "gpus"], default=None,
                    help="slo: most throughput per GPU within the SLOs; pareto: the front of "
-                        "throughput per GPU vs tokens/s per user (default slo)")
+                        "throughput per GPU vs tokens/s per user; gpus: the fewest GPUs "
+                        "(what --target-rate asks for) (default slo)")
+    p.add_argument("--loads", metavar="auto|L1,L2,...",
+                   help="search the offered load too: users (closed loop), session lanes "
+                        "(sessions) or requests/s (poisson, bursty); auto: the workload's own "
+                        "times 2, 1, 1/2 ... 1/32; the best deployments are then simulated at "
+                        "every load (the throughput-interactivity curves)")
+    p.add_argument("--target-rate", metavar="R",
+                   help="the fewest GPUs (up to --gpus) that carry R within the SLOs: "
+                        "requests/s (12 or 12req/s) or tokens/s (50000tok/s); open arrivals "
+                        "are offered R, closed loops sweep --loads (default auto)")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="draw the throughput-interactivity chart of the load sweep "
+                        "(.png, .svg or .pdf)")
     p.add_argument("--trials", type=int, default=defaults.TRIALS,
                    help="finished trials the study should hold; a resumed study runs the rest "
                         f"(default {defaults.TRIALS})")

@@ -19,6 +19,7 @@ from simulator.calibration.serving import (
 )
 from simulator.calibration.tables import user_calibration_dir
 from simulator.specs.deployment import Deployment
+from simulator.specs.errors import SpecError
 from simulator.specs.hardware import load_hardware
 from simulator.specs.workload import Workload
 
@@ -61,12 +62,27 @@ def sim_options(deployment: Deployment) -> SimOptions:
     return SimOptions.serving(overhead_for(deployment))
 
 
+def at_workload(evaluate: Evaluate, workload: Workload) -> Evaluate:
+    """`evaluate` under another workload (a load sweep's): its ``at(workload)``, which
+    `Simulator` has; SpecError for an evaluation that cannot change its workload."""
+    at = getattr(evaluate, "at", None)
+    if at is None:
+        raise SpecError(f"{type(evaluate).__name__} evaluates one workload only; a load sweep "
+                        "needs an evaluation with at(workload)")
+    result: Evaluate = at(workload)
+    return result
+
+
 class Simulator:
     """Evaluate by discrete-event simulation of one workload (picklable, for worker
     processes)."""
 
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
+
+    def at(self, workload: Workload) -> Simulator:
+        """The same evaluation under `workload`."""
+        return Simulator(workload)
 
     def __call__(self, deployment: Deployment) -> dict[str, Any]:
         """The `simulate --json` metrics of `deployment` under the workload."""

@@ -9,9 +9,14 @@ per-request speed, which is the fast tail). `parse_slo` reads the CLI form ``NAM
 (``NAME<=VALUE`` / ``NAME>=VALUE`` also accepted when the direction matches the metric),
 `load_slo_file` a YAML mapping of the same.
 
-Two objectives: ``slo`` maximizes throughput per GPU among plans that meet every SLO; ``pareto``
+A rate the deployment must carry is a lower bound too: ``request_rate`` (completed requests/s)
+or ``token_rate`` (all tokens/s over the whole deployment); `parse_target_rate` reads
+``--target-rate 12`` (requests/s) or ``--target-rate 50000tok/s``.
+
+Three objectives: ``slo`` maximizes throughput per GPU among plans that meet every SLO; ``pareto``
 keeps the front of throughput per GPU against median tokens/s per user, also among plans that
-meet the SLOs.
+meet the SLOs; ``gpus`` (what `--target-rate` asks for) picks the fewest GPUs among plans that
+meet them, the most throughput per GPU among equals.
 """
 
 from __future__ import annotations
@@ -42,14 +47,19 @@ USER_SPEED = "tok_s_user_p50"
 OBJECTIVES: dict[str, tuple[str, ...]] = {
     "slo": (THROUGHPUT,),
     "pareto": (THROUGHPUT, USER_SPEED),
+    "gpus": (THROUGHPUT,),
 }
-"""Objective name -> the metrics it maximizes (SLOs are constraints for both)."""
+"""Objective name -> the metrics the sampler maximizes (SLOs are constraints for all); for
+``gpus`` the chosen plan is the feasible one on the fewest GPUs (`plan.summarize`)."""
+
+RATES: dict[str, str] = {"req/s": "request_rate", "tok/s": "token_rate"}
+"""Unit of `--target-rate` -> the metric that must reach it."""
 
 
 def slo_metric_names() -> list[str]:
     """Every metric name an SLO may bound."""
     names = [f"{f}_{s}_ms" for f in LATENCY_FAMILIES for s in LATENCY_STATS]
-    return names + [f"tok_s_user_{s}" for s in USER_STATS]
+    return names + [f"tok_s_user_{s}" for s in USER_STATS] + list(RATES.values())
 
 
 def bound_of(name: str) -> Bound:
@@ -64,7 +74,8 @@ def bound_of(name: str) -> Bound:
 def _valid_hint() -> str:
     latency = ", ".join(f"{f}_{{{','.join(LATENCY_STATS)}}}_ms" for f in LATENCY_FAMILIES)
     return (f"valid: NAME=VALUE with NAME one of {latency} (upper bounds, ms) or "
-            f"tok_s_user_{{{','.join(USER_STATS)}}} (lower bounds, tokens/s), "
+            f"tok_s_user_{{{','.join(USER_STATS)}}} (lower bounds, tokens/s), or "
+            "request_rate / token_rate (lower bounds: requests/s, tokens/s carried), "
             "e.g. ttft_p90_ms=2000 or tok_s_user_p90=20")
 
 
@@ -140,6 +151,20 @@ def load_slo_file(path: str | Path) -> tuple[SLO, ...]:
                     f"tok_s_user_p90: 20}}, not {type(data).__name__}")
 
 
+_RATE = re.compile(r"^\s*([0-9.eE+-]+)\s*([a-z/]*)\s*$")
+
+
+def parse_target_rate(text: str) -> SLO:
+    """The bound `--target-rate TEXT` sets: a positive number of requests/s, or of tokens/s
+    with the suffix tok/s (``12``, ``12req/s``, ``50000tok/s``); SpecError naming the text."""
+    m = _RATE.match(text)
+    unit = (m.group(2) or "req/s") if m else ""
+    if not m or unit not in RATES:
+        raise SpecError(f"--target-rate {text!r} is not a rate; write requests/s as 12 or "
+                        f"12req/s, tokens/s as 50000tok/s")
+    return _slo(RATES[unit], m.group(1), "=", f"--target-rate {text!r}")
+
+
 def merge_slos(slos: Iterable[SLO]) -> tuple[SLO, ...]:
     """One SLO per metric (the last given wins), sorted by metric name."""
     out = {s.metric: s for s in slos}
@@ -154,6 +179,12 @@ def metric_value(metrics: Mapping[str, Any], name: str) -> float | None:
     value: Any
     if name in metrics:
         value = metrics[name]
+    elif name == "request_rate":
+        done, span = metrics.get("completed"), metrics.get("duration_s")
+        value = done / span if isinstance(done, int | float) and span else None
+    elif name == "token_rate":
+        tput, gpus = metrics.get(THROUGHPUT), metrics.get("gpus")
+        value = tput * gpus if isinstance(tput, int | float) and gpus else None
     elif name.endswith("_ms") and name.count("_") >= 2:
         family, stat = name[: -len("_ms")].rsplit("_", 1)
         value = (metrics.get(f"{family}_ms") or {}).get(stat)

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from planner.evaluate import calibration_for, overhead_for
+from planner.load import at_load
 from planner.objectives import (
     SLO,
     THROUGHPUT,
@@ -59,13 +60,14 @@ class Summary:
     failed: int
     """Trials whose evaluation raised an error."""
     feasible: int
-    """Distinct simulated deployments that meet every SLO."""
+    """Distinct simulated points (deployment, and load where swept) that meet every SLO."""
     best: dict[str, Any] | None
     """Record of the chosen plan: the most throughput per GPU among feasible ones (for the
-    pareto objective: the front's point with the most throughput); None when none is
-    feasible."""
+    pareto objective: the front's point with the most throughput; for gpus: the fewest GPUs,
+    then the most throughput per GPU); None when none is feasible."""
     alternatives: list[dict[str, Any]]
-    """Next-best feasible records, by throughput per GPU."""
+    """Next-best feasible records in the same order, each another deployment (at its best
+    load)."""
     pareto: list[dict[str, Any]]
     """Feasible records on the front of throughput per GPU vs median tokens/s per user."""
     closest: dict[str, Any] | None
@@ -78,15 +80,33 @@ class Summary:
     first (`slo_standing`)."""
 
 
-def summarize(records: list[dict[str, Any]], slos: tuple[SLO, ...] = ()) -> Summary:
+def _rank_throughput(r: dict[str, Any]) -> tuple[float, ...]:
+    return (-(metric_value(r["metrics"], THROUGHPUT) or 0.0), r["number"])
+
+
+def _rank_gpus(r: dict[str, Any]) -> tuple[float, ...]:
+    return (float(r["metrics"].get("gpus") or 0), *_rank_throughput(r))
+
+
+RANKS: dict[str, Callable[[dict[str, Any]], tuple[float, ...]]] = {
+    "slo": _rank_throughput, "pareto": _rank_throughput, "gpus": _rank_gpus}
+"""Objective -> the order of feasible records, best first."""
+
+
+def summarize(records: list[dict[str, Any]], slos: tuple[SLO, ...] = (),
+              objective: str = "slo") -> Summary:
     """Summary of trial records (each a `record` attribute plus its trial `number`)."""
     sims = [r for r in records if r["stage"] == "simulated"]
     distinct: dict[str, dict[str, Any]] = {}
     for r in sorted(sims, key=lambda r: r["number"]):
-        distinct.setdefault(json.dumps(r["deployment"], sort_keys=True), r)
+        distinct.setdefault(json.dumps([r["deployment"], r.get("load")], sort_keys=True), r)
     unique = list(distinct.values())
-    ok = sorted((r for r in unique if r.get("meets_slo")),
-                key=lambda r: (-(metric_value(r["metrics"], THROUGHPUT) or 0.0), r["number"]))
+    ok = sorted((r for r in unique if r.get("meets_slo")), key=RANKS[objective])
+    others: dict[str, dict[str, Any]] = {}
+    for r in ok[1:]:
+        key = json.dumps(r["deployment"], sort_keys=True)
+        if r["deployment"] != ok[0]["deployment"]:
+            others.setdefault(key, r)
     points = [[metric_value(r["metrics"], k) or 0.0 for k in (THROUGHPUT, USER_SPEED)]
               for r in ok]
     front = [ok[i] for i in pareto_front(points)]
@@ -103,13 +123,15 @@ def summarize(records: list[dict[str, Any]], slos: tuple[SLO, ...] = ()) -> Summ
         screened_out=sum(r["stage"] == "screened_out" for r in records),
         simulations=sum(r["stage"] == "simulated" and "reused" not in r for r in records),
         failed=sum(r["stage"] == "failed" for r in records),
-        feasible=len(ok), best=best, alternatives=ok[1: 1 + ALTERNATIVES], pareto=front,
+        feasible=len(ok), best=best, alternatives=list(others.values())[:ALTERNATIVES],
+        pareto=front,
         closest=closest)
 
 
 REASONS: tuple[tuple[str, str, re.Pattern[str]], ...] = tuple(
     (stage, label, re.compile(pattern, re.IGNORECASE)) for stage, label, pattern in (
         ("rejected", "over the GPU budget", r"but the budget is"),
+        ("rejected", "more GPUs than a feasible plan", r"a feasible plan needs only"),
         ("rejected", "weights or KV do not fit memory", r"memory|HBM|does not fit|KV cache"),
         ("rejected", "placement on the topology", r"topology|NVLink|scale-up|domain|placement"),
         ("rejected", "a vLLM rule", r"vLLM|must divide|divisible|multiple of"),
@@ -190,8 +212,11 @@ def describe(d: dict[str, Any]) -> str:
 
 
 def _entry(record: dict[str, Any]) -> dict[str, Any]:
-    return {"deployment": record["deployment"], "metrics": record["metrics"],
-            "trial": record["number"]}
+    out = {"deployment": record["deployment"], "metrics": record["metrics"],
+           "trial": record["number"]}
+    if record.get("load") is not None:
+        out["load"] = record["load"]
+    return out
 
 
 def to_json(summary: Summary) -> dict[str, Any]:
@@ -210,12 +235,17 @@ def to_json(summary: Summary) -> dict[str, Any]:
 
 
 def build_plan(summary: Summary, workload: Workload, slos: tuple[SLO, ...], objective: str,
-               seed: int, study: str, storage: str) -> dict[str, Any]:
-    """The plan.yaml document for the summary's best record (SpecError when there is none)."""
+               seed: int, study: str, storage: str,
+               sweep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan.yaml document for the summary's best record (SpecError when there is none):
+    its workload at the load the plan was found at, and with a load sweep, the curves."""
     if summary.best is None:
         raise SpecError("no feasible plan to write")
     best = summary.best
     deployment = load_deployment(best["deployment"])
+    if best.get("load") is not None:
+        workload = at_load(workload, best["load"])
+    extra = {"curves": sweep} if sweep and sweep.get("curves") else {}
     return {
         "format": PLAN_FORMAT,
         "deployment": best["deployment"],
@@ -229,6 +259,7 @@ def build_plan(summary: Summary, workload: Workload, slos: tuple[SLO, ...], obje
                             "failed")},
         "alternatives": [_entry(r) for r in summary.alternatives],
         "pareto": [_entry(r) for r in summary.pareto],
+        **extra,
     }
 
 

@@ -18,6 +18,15 @@ processes — and tells them in the order they were asked. Every decision in a r
 finished trials however many workers evaluate, so for a fixed seed and batch the study, trial by
 trial, is the same with 1 worker or N; workers change only the wall time.
 
+With `loads` the offered load is searched too: each trial also draws one of them (parameter
+``load``), and is screened and simulated at that load (`planner.load.at_load`); a point is then
+a deployment at a load. After the trials, `planner.curves` sweeps every load for the best few
+deployments (the throughput-interactivity curves), keeping what it simulates in the study.
+
+Objective ``gpus`` (`--target-rate`): a point on more GPUs than a feasible plan already found is
+rejected without a simulation, and the screen only judges whether a point can meet the SLOs
+(throughput per GPU is not what is minimized).
+
 Every trial carries one user attribute, ``record``: its stage, reason, deployment, screen
 estimate and metrics. The study lives in an Optuna storage, so a search resumes where it
 stopped, and searches on several machines can share one study (each its own seed). The budget
@@ -41,11 +50,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from planner.defaults import BATCH
-from planner.evaluate import Evaluate, Simulator, calibration_for, overhead_for
+from planner.evaluate import Evaluate, Simulator, at_workload, calibration_for, overhead_for
 from planner.fidelity import TWIN, Gate, Seen
+from planner.load import at_load
 from planner.objectives import SLO, meets, objective_metrics, objective_values, violation
 from planner.screen import Screen
-from planner.space import SearchSpace, check, suggest
+from planner.space import SearchSpace, check, deployment_from_params, suggest
 from planner.storage import (
     DEFAULT_STORAGE,
     Direction,
@@ -100,6 +110,11 @@ class SearchConfig:
     """Stop once the study holds this many simulations (None: trials alone bound the search)."""
     startup_trials: int = 16
     """Random trials before TPE models the space."""
+    loads: tuple[float, ...] = ()
+    """Offered loads to search (users, lanes or requests/s, per `planner.load.LOADS`); empty:
+    the workload's own load only."""
+    curves: int = 3
+    """Deployments whose every load is simulated after the trials (with `loads`)."""
 
     def study_name(self) -> str:
         """The given study name, or one derived from what defines the search."""
@@ -108,6 +123,8 @@ class SearchConfig:
         defining = {"space": self.space.describe(), "workload": dump_workload(self.workload),
                     "slos": [str(s) for s in self.slos], "screen": self.screen,
                     "gate": [self.slack, self.margin]}
+        if self.loads:
+            defining["loads"] = list(self.loads)
         s = self.space
         return study_name(s.model, s.hardware, s.gpus, self.objective, defining)
 
@@ -155,6 +172,8 @@ class _Pending:
     deployment: Deployment
     record: dict[str, Any]
     key: str
+    load: float | None = None
+    """The offered load it is evaluated at (None: the workload's own)."""
     first: int | None = None
     """Number of the earlier pending trial of the same deployment (evaluated once for both)."""
 
@@ -182,7 +201,7 @@ class _History:
             self.seen.extend(_seen([r]))
             if r["stage"] == "simulated" and "reused" not in r:
                 self.simulations += 1
-                self.simulated.setdefault(_key(r["deployment"]), r)
+                self.simulated.setdefault(_key(r["deployment"], r.get("load")), r)
 
 
 class Loop:
@@ -194,10 +213,13 @@ class Loop:
         self.study = open_study(open_storage(config.storage), config.study_name(),
                                 config.directions, make_sampler(config))
         warmup = min(8, config.trials // 10) if config.warmup is None else config.warmup
-        self.gate = Gate(config.slos, config.objective, slack=config.slack,
-                         margin=config.margin, warmup=warmup)
+        fewest = config.objective == "gpus"  # the screen judges the SLOs only
+        self.gate = Gate(config.slos, "slo" if fewest else config.objective,
+                         slack=config.slack, margin=1.0 if fewest else config.margin,
+                         warmup=warmup)
+        self._evaluators: dict[float | None, Evaluate] = {None: self.evaluate}
         self.history = _History()
-        self._screens: dict[bool, Screen] = {}
+        self._screens: dict[tuple[bool, float | None], Screen] = {}
         self._enqueued: set[int] = set()
         self._count = 0
         """Trials the study holds, as far as this loop knows."""
@@ -205,12 +227,45 @@ class Loop:
         """Numbers below the budget of trials waiting to be asked (enqueued)."""
         self.simulations = 0
         """Evaluations this loop ran (reuses not counted)."""
+        self.budget = config.trials
+        """Trial numbers this loop may fill: the trials, then the load sweep's on top."""
+        self._sweeping = False
 
     def run(self, progress: Progress | None = None, pool: Executor | None = None) -> None:
         """Run rounds until the study's budget of trials is taken (or `max_simulations`
         reached), evaluating on `pool` when given, else in this process."""
         while self._round(progress, pool):
             pass
+
+    def sweep(self, progress: Progress | None = None, pool: Executor | None = None) -> None:
+        """Simulate every load of `loads` for the best `curves` deployments found (the closest
+        one when none meets the SLOs): each missing point is enqueued as a trial of the study
+        (no screen), so the curves live in the study like the rest and a resumed search skips
+        what is done; the best point of any curve may become the plan."""
+        from planner.curves import curve_deployments
+        from planner.plan import summarize
+
+        self._sync()
+        have = set(self.history.simulated)
+        todo = []
+        summary = summarize(records(self.history.trials), self.config.slos,
+                            self.config.objective)
+        for number in curve_deployments(summary, self.config.curves):
+            params = self.history.params[number]
+            deployment = dump_deployment(deployment_from_params(self.config.space, params))
+            todo += [{**params, "load": load} for load in self.config.loads
+                     if _key(deployment, load) not in have]
+        for params in todo:
+            self.study.enqueue_trial(params, user_attrs={"curve": True},
+                                     skip_if_exists=False)
+        if not todo:
+            return
+        self._sync()
+        self.budget, self._sweeping = self._count, True
+        try:
+            self.run(progress, pool)
+        finally:
+            self._sweeping = False
 
     def _sync(self) -> None:
         """Read the study once: trials other searches finished, and what is left to ask."""
@@ -219,7 +274,7 @@ class Loop:
             self.history.add(t)
         self._count = len(trials)
         self._waiting = {t.number for t in trials
-                         if t.state == TrialState.WAITING and t.number < self.config.trials}
+                         if t.state == TrialState.WAITING and t.number < self.budget}
 
     def _round(self, progress: Progress | None, pool: Executor | None) -> bool:
         """One round; False when nothing more is to be asked."""
@@ -230,7 +285,8 @@ class Loop:
         more = True
         try:
             while (runs := sum(p.first is None for p in pending)) < batch:
-                if cap is not None and self.history.simulations + runs >= cap:
+                if (cap is not None and not self._sweeping
+                        and self.history.simulations + runs >= cap):
                     more = False
                     break
                 trial = self._ask()
@@ -254,12 +310,12 @@ class Loop:
     def _ask(self) -> optuna.Trial | None:
         """A trial within the budget, or None when the budget is taken (a trial asked beyond
         it, because another search took the last ones meanwhile, goes back to WAITING)."""
-        if self._count >= self.config.trials and not self._waiting:
+        if self._count >= self.budget and not self._waiting:
             return None
         trial = self.study.ask()
         self._waiting.discard(trial.number)
         self._count = max(self._count, trial.number + 1)
-        if trial.number >= self.config.trials:
+        if trial.number >= self.budget:
             # Trial ids are private in Optuna's Trial; the storage API needs one.
             self.study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
             self._waiting.clear()
@@ -275,8 +331,15 @@ class Loop:
         """Take an asked trial as far as can be decided now: told (rejected, reused, screened
         out) or left pending in the round for an evaluation (None)."""
         deployment = suggest(trial, self.config.space)
+        load = (float(trial.suggest_categorical("load", list(self.config.loads)))
+                if self.config.loads else None)
         record: dict[str, Any] = {"deployment": dump_deployment(deployment),
                                   "layout": "pd" if deployment.disaggregated else "aggregated"}
+        if load is not None:
+            record["load"] = load
+        curve = bool(trial.user_attrs.get("curve"))
+        if curve:
+            record["curve"] = True
         overhead = overhead_for(deployment)
         try:
             resolved = check(deployment, self.config.space, calibration_for(deployment),
@@ -284,7 +347,11 @@ class Loop:
         except SpecError as e:
             return self._prune(trial, {**record, "stage": "rejected", "reason": str(e)},
                                REJECTED_VIOLATION)
-        key = _key(record["deployment"])
+        fewer = "" if curve else self._fewer_gpus(deployment.gpus_used)
+        if fewer:
+            return self._prune(trial, {**record, "stage": "rejected", "reason": fewer},
+                               REJECTED_VIOLATION)
+        key = _key(record["deployment"], load)
         earlier = self.history.simulated.get(key)
         if earlier is not None:
             record.update(stage="simulated", metrics=earlier["metrics"],
@@ -293,10 +360,11 @@ class Loop:
         twin = next((p for p in pending if p.key == key and p.first is None), None)
         if twin is not None:
             record["screen"] = twin.record.get("screen")
-            pending.append(_Pending(trial, deployment, record, key, twin.trial.number))
+            pending.append(_Pending(trial, deployment, record, key, load, twin.trial.number))
             return None
-        if self.config.screen:
-            estimate = self._screen(deployment.disaggregated, overhead)(resolved)
+        if self.config.screen and not curve:
+            estimate = {**self._screen(deployment.disaggregated, overhead, load)(resolved),
+                        "gpus": resolved.gpus}
             record["screen"] = estimate
             waiting = [Seen(p.trial.number, p.record["layout"], p.record.get("screen"))
                        for p in pending]
@@ -311,19 +379,32 @@ class Loop:
                 return self._prune(trial, {**record, "stage": "screened_out",
                                            "reason": decision.reason},
                                    violation(estimate, self.config.slos))
-        pending.append(_Pending(trial, deployment, record, key))
+        pending.append(_Pending(trial, deployment, record, key, load))
         return None
+
+    def _fewer_gpus(self, gpus: int) -> str:
+        """Objective gpus: why a point on `gpus` GPUs need not run ('' when it may)."""
+        if self.config.objective != "gpus":
+            return ""
+        need = min((int(h.metrics.get("gpus") or 0) for h in self.history.seen
+                    if h.feasible and h.metrics is not None), default=None)
+        if need is None or gpus <= need:
+            return ""
+        return f"uses {gpus} GPUs but a feasible plan needs only {need}"
+
+    def evaluator(self, load: float | None) -> Evaluate:
+        """The evaluation at an offered load (None: the workload's own)."""
+        if load not in self._evaluators:
+            assert load is not None
+            self._evaluators[load] = at_workload(self.evaluate,
+                                                 at_load(self.config.workload, load))
+        return self._evaluators[load]
 
     def _evaluate(self, pending: list[_Pending], pool: Executor | None) -> list[FrozenTrial]:
         """Evaluate the round's distinct deployments (on the pool when given) and tell every
         pending trial, in the order they were asked."""
         runs = [p for p in pending if p.first is None]
-        if pool is None:
-            outcomes = [_outcome(self.evaluate, p.deployment) for p in runs]
-        else:
-            futures: list[Future[tuple[str, Any]]] = [
-                pool.submit(_outcome, self.evaluate, p.deployment) for p in runs]
-            outcomes = [f.result() for f in futures]
+        outcomes = evaluate_all([(self.evaluator(p.load), p.deployment) for p in runs], pool)
         by_number = {p.trial.number: o for p, o in zip(runs, outcomes, strict=True)}
         told = []
         for p in pending:
@@ -350,14 +431,18 @@ class Loop:
             return
         self._enqueued.add(number)
         self.study.enqueue_trial(self.history.params[number], skip_if_exists=False)
-        if self._count < self.config.trials:
+        if self._count < self.budget:
             self._waiting.add(self._count)
         self._count += 1
 
-    def _screen(self, disaggregated: bool, overhead: ServingOverhead) -> Screen:
-        if disaggregated not in self._screens:
-            self._screens[disaggregated] = Screen(self.config.workload, overhead)
-        return self._screens[disaggregated]
+    def _screen(self, disaggregated: bool, overhead: ServingOverhead,
+                load: float | None) -> Screen:
+        key = (disaggregated, load)
+        if key not in self._screens:
+            workload = self.config.workload if load is None else at_load(self.config.workload,
+                                                                         load)
+            self._screens[key] = Screen(workload, overhead)
+        return self._screens[key]
 
     def _prune(self, trial: optuna.Trial, record: dict[str, Any],
                constraint: float) -> FrozenTrial:
@@ -373,6 +458,16 @@ class Loop:
         return self.study.tell(trial, objective_values(metrics, self.config.objective))
 
 
+def evaluate_all(runs: Sequence[tuple[Evaluate, Deployment]],
+                 pool: Executor | None) -> list[tuple[str, Any]]:
+    """`_outcome` of each (evaluation, deployment), on the pool when given, in order."""
+    if pool is None:
+        return [_outcome(evaluate, d) for evaluate, d in runs]
+    futures: list[Future[tuple[str, Any]]] = [pool.submit(_outcome, evaluate, d)
+                                              for evaluate, d in runs]
+    return [f.result() for f in futures]
+
+
 def _outcome(evaluate: Evaluate, deployment: Deployment) -> tuple[str, Any]:
     """("simulated", metrics), ("rejected", reason) or ("failed", reason); runs in a worker
     process, so exceptions come back as plain data."""
@@ -384,8 +479,10 @@ def _outcome(evaluate: Evaluate, deployment: Deployment) -> tuple[str, Any]:
         return "failed", f"{type(e).__name__}: {e}"
 
 
-def _key(deployment: dict[str, Any]) -> str:
-    return json.dumps(deployment, sort_keys=True)
+def _key(deployment: dict[str, Any], load: float | None = None) -> str:
+    """A point's key: its deployment, and its load where the search sweeps one."""
+    text = json.dumps(deployment, sort_keys=True)
+    return text if load is None else f"{text} @ {load!r}"
 
 
 def _plain(obj: Any) -> Any:
@@ -425,8 +522,12 @@ def run_search(config: SearchConfig, evaluate: Evaluate | None = None,
     loop = Loop(config, evaluate)
     if config.workers == 1:
         loop.run(progress)
+        if config.loads:
+            loop.sweep(progress)
     else:
         with ProcessPoolExecutor(config.workers,
                                  mp_context=multiprocessing.get_context("spawn")) as pool:
             loop.run(progress, pool)
+            if config.loads:
+                loop.sweep(progress, pool)
     return loop.study

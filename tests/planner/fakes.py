@@ -68,3 +68,26 @@ class Sleepy:
     def __call__(self, d: Deployment) -> dict[str, Any]:
         time.sleep(self.seconds)
         return constant(d)
+
+
+class LoadAware:
+    """Throughput per GPU grows with the offered load, tokens/s per user falls with it, and
+    the rate carried is the GPUs times the load's share (the workload is set by `at`, as
+    `planner.evaluate.Simulator.at` sets it for a load sweep)."""
+
+    def __init__(self, workload: Any = None) -> None:
+        self.workload = workload
+
+    def at(self, workload: Any) -> LoadAware:
+        return LoadAware(workload)
+
+    def load(self) -> float:
+        a = self.workload.arrival
+        return float(getattr(a, "concurrency", None) or a.rate)
+
+    def __call__(self, d: Deployment) -> dict[str, Any]:
+        load = self.load() if self.workload is not None else 64.0
+        served = min(load, 4.0 * d.gpus_used)  # a GPU carries at most 4 users' worth
+        out = metrics(throughput=100.0 * served / d.gpus_used, user=1000.0 / load)
+        return {**out, "gpus": d.gpus_used, "completed": round(10 * served),
+                "duration_s": 10.0}

@@ -313,7 +313,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     from planner.chart import check_chart_path
     from planner.curves import curves, user_axis
     from planner.load import for_target, ladder
-    from planner.objectives import load_slo_file, merge_slos, parse_slo, parse_target_rate
+    from planner.objectives import (
+        goodput_slos,
+        load_slo_file,
+        merge_slos,
+        parse_slo,
+        parse_target_rate,
+        shorthand_slo,
+    )
     from planner.plan import (
         build_plan,
         describe,
@@ -329,6 +336,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     given = [parse_slo(text) for text in args.slo or []]
     if args.slo_file:
         given = [*load_slo_file(args.slo_file), *given]
+    given += goodput_slos(args.goodput or [])
+    given += [shorthand_slo(flag, value) for flag, value in
+              (("ttft", args.ttft), ("tpot", args.tpot)) if value is not None]
     slos = merge_slos(given) if given or args.slo_file else defaults.SLOS
     workload = defaults.load_workload_arg(args.workload)
     loads = ladder(workload, args.loads) if args.loads else ()
@@ -644,6 +654,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "tok_s_user_p90=20 (lower bound); default: "
                         + " and ".join(f"{s.metric}={s.value:g}" for s in defaults.SLOS))
     p.add_argument("--slo-file", help="YAML mapping of SLOs, e.g. {ttft_p90_ms: 2000}")
+    p.add_argument("--ttft", metavar="MS", help="shorthand: --slo ttft_p90_ms=MS (90 %% of "
+                                               "requests see their first token within MS)")
+    p.add_argument("--tpot", metavar="MS", help="shorthand: --slo tpot_p90_ms=MS")
+    p.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                   help="vLLM bench serve's form, e.g. --goodput ttft:2000 tpot:50 (keys ttft, "
+                        "tpot, itl; each a p90 bound)")
     p.add_argument("--objective", choices=["slo", "pareto", "gpus"], default=None,
                    help="slo: most throughput per GPU within the SLOs; pareto: the front of "
                         "throughput per GPU vs tokens/s per user; gpus: the fewest GPUs "

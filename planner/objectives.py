@@ -165,6 +165,32 @@ def parse_target_rate(text: str) -> SLO:
     return _slo(RATES[unit], m.group(1), "=", f"--target-rate {text!r}")
 
 
+SHORTHAND_STAT = "p90"
+"""The percentile `--ttft`, `--tpot` and `--goodput` bound: 90 % of requests within."""
+GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl"}
+"""vLLM `bench serve --goodput KEY:MS` keys -> our latency families (e2el has no SLO here)."""
+
+
+def shorthand_slo(flag: str, value: str) -> SLO:
+    """The SLO `--ttft MS` or `--tpot MS` sets: a p90 latency bound (SpecError naming it)."""
+    return _slo(f"{flag}_{SHORTHAND_STAT}_ms", value, "=", f"--{flag} {value!r}")
+
+
+def goodput_slos(items: Sequence[str]) -> tuple[SLO, ...]:
+    """SLOs from vLLM's `--goodput KEY:MS ...` form (``ttft:2000 tpot:50``), each a p90 bound:
+    a request counts as good for vLLM when it meets every threshold, here 90 % of requests
+    must meet each. SpecError naming a bad item."""
+    out = []
+    for item in (x for text in items for x in text.replace(",", " ").split()):
+        key, sep, raw = item.partition(":")
+        if not sep or key not in GOODPUT_KEYS:
+            raise SpecError(f"--goodput {item!r} is not KEY:MS with KEY one of "
+                            f"{', '.join(GOODPUT_KEYS)} (e.g. ttft:2000 tpot:50)")
+        name = f"{GOODPUT_KEYS[key]}_{SHORTHAND_STAT}_ms"
+        out.append(_slo(name, raw, "=", f"--goodput {item!r}"))
+    return tuple(out)
+
+
 def merge_slos(slos: Iterable[SLO]) -> tuple[SLO, ...]:
     """One SLO per metric (the last given wins), sorted by metric name."""
     out = {s.metric: s for s in slos}

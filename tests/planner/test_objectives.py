@@ -111,3 +111,26 @@ def test_cli_malformed_slo_file_is_one_clear_line(tmp_path):
     path.write_text("tok_s_user_p90: lots\n")
     assert_one_line_error(run_cli("search", "--slo-file", str(path)), "slo.yaml",
                           "'lots' is not a number")
+
+
+def test_shorthands_and_vllm_goodput_are_p90_bounds():
+    from planner.objectives import goodput_slos, shorthand_slo
+
+    assert shorthand_slo("ttft", "2000") == SLO("ttft_p90_ms", 2000.0)
+    assert goodput_slos(["ttft:2000 tpot:50", "itl:40"]) == (
+        SLO("ttft_p90_ms", 2000.0), SLO("tpot_p90_ms", 50.0), SLO("itl_p90_ms", 40.0))
+    with pytest.raises(SpecError, match="'e2el:9' is not KEY:MS"):
+        goodput_slos(["e2el:9"])
+    with pytest.raises(SpecError, match="--tpot 'fast'"):
+        shorthand_slo("tpot", "fast")
+
+
+def test_a_target_rate_is_a_lower_bound_on_what_the_deployment_carries():
+    from planner.objectives import parse_target_rate
+
+    slo = parse_target_rate("50000tok/s")
+    assert slo == SLO("token_rate", 50000.0) and slo.bound == "lower"
+    carried = {"throughput_tok_s_gpu": 4000.0, "gpus": 16, "completed": 300, "duration_s": 20.0}
+    assert meets(carried, (slo,)) and not meets(carried, (parse_target_rate("16req/s"),))
+    with pytest.raises(SpecError, match="--target-rate '12 users'"):
+        parse_target_rate("12 users")

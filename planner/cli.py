@@ -312,7 +312,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from planner.chart import check_chart_path
     from planner.curves import curves, user_axis
-    from planner.load import for_target, ladder
+    from planner.load import for_target, ladder, load_kind
     from planner.objectives import (
         goodput_slos,
         load_slo_file,
@@ -322,11 +322,13 @@ def cmd_search(args: argparse.Namespace) -> int:
         shorthand_slo,
     )
     from planner.plan import (
+        advice,
         build_plan,
         describe,
         standing_text,
         summarize,
         to_json,
+        why_chosen,
         write_plan,
     )
     from planner.search import SearchConfig, finished, records, run_search
@@ -371,11 +373,17 @@ def cmd_search(args: argparse.Namespace) -> int:
         out = write_plan(plan, args.out)
     if not args.json:
         _print_search(summary, config, name, storage, out)
+        why = why_chosen(summary, config.objective)
+        if why:
+            _console().print(f"why this plan: {why}", highlight=False)
         _print_curves(sweep, config)
     drawn = _draw(plot, sweep, config) if plot is not None else None
+    unit = load_kind(config.workload).unit if config.loads else ""
+    hints = advice(summary, config.loads, config.space.gpus, unit)
     if args.json:
         _print_json({**to_json(summary), "plan": str(out) if out else None, "study": name,
-                     "storage": storage, "curves": sweep, "chart": drawn})
+                     "storage": storage, "curves": sweep, "chart": drawn,
+                     "why": why_chosen(summary, config.objective), "advice": hints})
     elif drawn:
         _console().print(f"chart written to {drawn}")
     if summary.best is None:
@@ -384,10 +392,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         missed = [standing_text(e) for e in summary.standing if e["margin"] < 0]
         if missed:
             hint += f" ({'; '.join(missed)})"
-        sweep_hint = "" if config.loads else " (--loads auto searches the load too)"
         print(f"rackplan: no plan met the SLOs ({', '.join(str(s) for s in config.slos)}) in "
-              f"{summary.trials} trials{hint}; relax --slo, lower the load{sweep_hint} or "
-              "raise --gpus or --trials", file=sys.stderr)
+              f"{summary.trials} trials{hint}; what would: {'; '.join(hints)}",
+              file=sys.stderr)
         return 1
     return 0
 

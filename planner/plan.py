@@ -190,6 +190,51 @@ def standing_text(e: dict[str, Any]) -> str:
     return f"{e['metric']} {v} against {e['slo'].split(' ', 1)[1]}: {abs(e['margin']):.0%} {word}"
 
 
+def why_chosen(summary: Summary, objective: str = "slo") -> str:
+    """Why the chosen plan beat the next alternative, and which SLO binds it ('' without a
+    plan)."""
+    best = summary.best
+    if best is None:
+        return ""
+    parts = []
+    if summary.alternatives:
+        alt = summary.alternatives[0]
+        if objective == "gpus":
+            mine, theirs = best["metrics"].get("gpus"), alt["metrics"].get("gpus")
+            parts.append(f"{mine} GPUs, the next alternative ({describe(alt['deployment'])}) "
+                         f"{theirs}")
+        else:
+            a, b = (metric_value(r["metrics"], THROUGHPUT) or 0.0 for r in (best, alt))
+            gain = f"{a / b - 1:.0%} more" if b > 0 else "more"
+            parts.append(f"{gain} tok/s/GPU than the next alternative "
+                         f"({describe(alt['deployment'])})")
+    if summary.standing:
+        parts.append(f"binding: {standing_text(summary.standing[0])}")
+    return "; ".join(parts)
+
+
+def advice(summary: Summary, swept: tuple[float, ...], gpus: int, unit: str = "") -> list[str]:
+    """When no plan meets the SLOs, what would, in numbers: the bound that admits the closest
+    plan for each SLO it misses, the load (searched or not), more GPUs; [] with a plan."""
+    if summary.best is not None or summary.closest is None:
+        return []
+    out = []
+    for e in summary.standing:
+        if e["margin"] < 0 and e["value"] is not None:
+            op = e["slo"].split(" ")[1]
+            out.append(f"a looser SLO: {e['metric']} {op} {e['value']:,.4g} admits the closest "
+                       "plan")
+    if not swept:
+        out.append("a lower load: search it with --loads auto (the workload's own load "
+                   "times 2 down to 1/32)")
+    else:
+        lowest = f"{min(swept):,.4g} {unit}".strip()
+        out.append(f"a load below {lowest}, the lowest searched (--loads), if the tokens/s "
+                   "per user SLO is the one missed")
+    out.append(f"more GPUs than {gpus} (--gpus {2 * gpus}), or a faster --hardware")
+    return out
+
+
 def describe(d: dict[str, Any]) -> str:
     """One line for a deployment's plain data: P 2xDEP8 (8192 tok) + D 1xDEP32 (R32, seqs 4,
     MTP3, allgather)."""

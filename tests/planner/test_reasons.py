@@ -7,7 +7,15 @@ import sys
 import pytest
 
 from planner.objectives import SLO
-from planner.plan import reasons, slo_standing, standing_text, summarize, to_json
+from planner.plan import (
+    advice,
+    reasons,
+    slo_standing,
+    standing_text,
+    summarize,
+    to_json,
+    why_chosen,
+)
 from planner.search import finished, records, run_search
 from tests.planner.fakes import BatchTradeoff, metrics
 from tests.planner.test_search import config
@@ -112,3 +120,24 @@ def test_progress_reaches_a_log_when_stderr_is_not_a_terminal(tmp_path, monkeypa
     err = capsys.readouterr().err.splitlines()
     assert "searching: 3/3 trials" in " ".join(err)
     assert all(line.startswith("searching: ") for line in err)
+
+
+def test_an_infeasible_search_says_what_would_make_it_feasible(tmp_path):
+    slos = (SLO("tok_s_user_p90", 1000.0),)  # BatchTradeoff reaches at most 250
+    study = run_search(config(tmp_path, slos=slos), evaluate=BatchTradeoff())
+    summary = summarize(records(finished(study)), slos)
+    hints = advice(summary, (), 32)
+    assert hints[0] == "a looser SLO: tok_s_user_p90 >= 250 admits the closest plan"
+    assert any("--loads auto" in h for h in hints) and any("--gpus 64" in h for h in hints)
+    assert "a load below 8 users" in " ".join(advice(summary, (8.0, 16.0), 32, "users"))
+    assert why_chosen(summary) == ""
+
+
+def test_a_found_plan_says_why_it_beat_the_next_one(tmp_path):
+    slos = (SLO("tok_s_user_p90", 50.0),)  # 4000 / max_num_seqs: at most 64 seqs
+    study = run_search(config(tmp_path, slos=slos, trials=30), evaluate=BatchTradeoff())
+    summary = summarize(records(finished(study)), slos)
+    assert advice(summary, (), 32) == []
+    why = why_chosen(summary)
+    assert "more tok/s/GPU than the next alternative" in why
+    assert why.endswith(standing_text(summary.standing[0]))

@@ -205,9 +205,13 @@ def why_chosen(summary: Summary, objective: str = "slo") -> str:
                          f"{theirs}")
         else:
             a, b = (metric_value(r["metrics"], THROUGHPUT) or 0.0 for r in (best, alt))
-            gain = f"{a / b - 1:.0%} more" if b > 0 else "more"
-            parts.append(f"{gain} tok/s/GPU than the next alternative "
-                         f"({describe(alt['deployment'])})")
+            if b > 0 and a / b - 1 < 0.005:
+                parts.append(f"as many tok/s/GPU as the next alternative "
+                             f"({describe(alt['deployment'])}), found first")
+            else:
+                gain = f"{a / b - 1:.0%} more" if b > 0 else "more"
+                parts.append(f"{gain} tok/s/GPU than the next alternative "
+                             f"({describe(alt['deployment'])})")
     if summary.standing:
         parts.append(f"binding: {standing_text(summary.standing[0])}")
     return "; ".join(parts)

@@ -3,8 +3,10 @@
 `build_space` keeps only DEP sizes the topology can place and a rank's memory can hold, and per
 DEP size only redundant-expert counts that meet vLLM's rule (routed + redundant) % dep == 0.
 `suggest` draws a deployment through an Optuna trial (define-by-run; parameters that depend on
-the DEP size are named after it, so each name always has the same distribution), and
-`enumerate_params` lists every point for exhaustive runs. `check` rejects a point before any
+the DEP size are named after it, so each name always has the same distribution) and never
+yields a deployment over the GPU budget: a drawn point over it stands for its repair, the
+nearest point within it (the budget is a ceiling, not a target). `enumerate_params` lists every
+point within the budget once, for exhaustive runs. `check` rejects a point before any
 simulation: the GPU budget, then `resolve` (model rules, memory, topology).
 """
 
@@ -182,7 +184,9 @@ def mtp_options(model: ModelSpec) -> tuple[int, ...]:
 
 
 def suggest(trial: TrialLike, space: SearchSpace) -> Deployment:
-    """Draw one deployment through `trial` (its params are exactly `enumerate_params`' keys)."""
+    """Draw one deployment through `trial` (its params are exactly `enumerate_params`' keys),
+    within the GPU budget: `deployment_from_params` of the drawn params, which the trial keeps
+    as drawn even where the deployment is their repair."""
     params: dict[str, Any] = {}
 
     def cat(name: str, choices: tuple[Any, ...]) -> Any:
@@ -209,26 +213,26 @@ def suggest(trial: TrialLike, space: SearchSpace) -> Deployment:
 
 
 def deployment_from_params(space: SearchSpace, params: Mapping[str, Any]) -> Deployment:
-    """The deployment a point of the space stands for. Instance counts that would break the
-    GPU budget are cut to fit: prefill to leave room for one decode instance, decode to what
-    prefill leaves (so fewer sampled points waste a trial); only a prefill and a decode instance
-    that together exceed the budget stay over it, and `check` rejects them."""
+    """The deployment a point of the space stands for: the point itself where it fits the GPU
+    budget, else its repair to the nearest deployment that does (`pd_sizes`), so no drawn
+    point is over the budget. A pure function of the params: the params a trial records stay as
+    drawn, and the trial's deployment is their repair."""
     roles: dict[str, RoleSpec] = {}
     layout = params["layout"]
     names = ("prefill", "decode") if layout == "pd" else ("aggregated",)
-    deps = {role: int(params[f"{role}_dep"]) for role in names}
+    if layout == "pd":
+        sizes = pd_sizes(space, params)
+    else:
+        dep = int(params["aggregated_dep"])
+        sizes = {"aggregated": (dep, int(params[f"aggregated_instances_dep{dep}"]))}
     for role in names:
-        dep = deps[role]
-        instances = int(params[f"{role}_instances_dep{dep}"])
-        if role == "prefill":  # leave room for one decode instance
-            instances = max(min(instances, (space.gpus - deps["decode"]) // dep), 1)
-        if role == "decode":  # at most what the budget leaves after prefill
-            room = space.gpus - roles["prefill"].gpus
-            instances = max(min(instances, room // dep), 1)
-        fields: dict[str, Any] = {
-            "instances": instances, "dep": dep,
-            "redundant_experts": int(params[f"{role}_redundant_dep{dep}"]),
-        }
+        dep, instances = sizes[role]
+        drawn = int(params[f"{role}_dep"])
+        redundant = int(params[f"{role}_redundant_dep{drawn}"])
+        if dep != drawn:  # the drawn count may not be valid for the repaired DEP
+            redundant = nearest(space.redundant[dep], redundant)
+        fields: dict[str, Any] = {"instances": instances, "dep": dep,
+                                  "redundant_experts": redundant}
         if role != "decode":
             fields["max_num_batched_tokens"] = int(params[f"{role}_max_num_batched_tokens"])
         if role != "prefill":
@@ -244,6 +248,46 @@ def deployment_from_params(space: SearchSpace, params: Mapping[str, Any]) -> Dep
     precision = {} if space.precision == Precision() else {"precision": space.precision}
     return Deployment(model=space.model, hardware=space.hardware, engine=space.engine,
                       **precision, **roles)
+
+
+def pd_sizes(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """(DEP, instances) of prefill and decode for a P/D point, within the GPU budget.
+
+    A point within the budget keeps its own; one over it is repaired, in this order:
+    1. a prefill DEP with no room beside it for even the smallest decode DEP gives way to the
+       largest DEP (on one instance) that leaves room for the drawn decode DEP, or, where that
+       does not fit beside the smallest prefill either, for the largest decode DEP that does;
+    2. a decode DEP that does not fit beside one prefill instance gives way to the largest DEP
+       that does;
+    3. prefill instances are cut to leave room for one decode instance, decode instances to
+       what prefill leaves.
+    Each result is itself a point within the budget (one `enumerate_params` lists), so the
+    repair makes no such point unreachable, and it keeps as much of the drawn point as fits:
+    the decode DEP shrinks only as far as one prefill instance needs, and prefill keeps every
+    drawn instance that fits beside it (so the decode DEP is also the largest that fits in what
+    prefill leaves)."""
+    gpus, smallest = space.gpus, space.deps[0]
+    prefill, decode = int(params["prefill_dep"]), int(params["decode_dep"])
+    n_prefill = int(params[f"prefill_instances_dep{prefill}"])
+    n_decode = int(params[f"decode_instances_dep{decode}"])
+    if prefill + smallest > gpus:
+        prefill = largest_dep(space, gpus - min(decode, largest_dep(space, gpus - smallest)))
+        n_prefill = 1
+    if prefill + decode > gpus:
+        decode = largest_dep(space, gpus - prefill)
+    n_prefill = min(n_prefill, (gpus - decode) // prefill)
+    n_decode = min(n_decode, (gpus - prefill * n_prefill) // decode)
+    return {"prefill": (prefill, n_prefill), "decode": (decode, n_decode)}
+
+
+def nearest(options: tuple[int, ...], value: int) -> int:
+    """The option closest to `value` (the smaller one of a tie)."""
+    return min(options, key=lambda o: (abs(o - value), o))
+
+
+def largest_dep(space: SearchSpace, gpus: int) -> int:
+    """The largest DEP size of the space on at most `gpus` GPUs (the smallest where none fits)."""
+    return max((d for d in space.deps if d <= gpus), default=space.deps[0])
 
 
 def enumerate_params(space: SearchSpace) -> Iterator[dict[str, Any]]:

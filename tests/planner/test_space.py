@@ -1,15 +1,24 @@
 """The search space: which DEP sizes, redundant experts and MTP settings it offers, how points
-map to deployments, and that infeasible points are rejected before any simulation."""
+map to deployments (a drawn point over the GPU budget to its repair within it), and that
+infeasible points are rejected before any simulation."""
+
+import itertools
+import random
+from typing import Any
 
 import optuna
 import pytest
 
 from planner.space import (
+    SearchSpace,
     build_space,
     check,
     deployment_from_params,
+    deployment_key,
     enumerate_params,
+    largest_dep,
     mtp_options,
+    nearest,
     redundant_options,
     suggest,
 )
@@ -140,3 +149,164 @@ def test_dual_batch_overlap_is_searched_where_the_backend_runs_it():
                                                      "deepep_high_throughput")
     keys = {d.model_dump_json() for d in deployments}
     assert len(keys) == len(deployments)  # no point repeats another with dbo dropped
+
+
+class Drawn:
+    """A trial that draws the given value for a name (checked against the choices), the first
+    choice for any other name; `params` records the draws, as an Optuna trial does."""
+
+    def __init__(self, given: dict[str, Any]) -> None:
+        self.given = given
+        self.params: dict[str, Any] = {}
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        value = self.given.get(name, choices[0])
+        assert value in choices, (name, value, choices)
+        self.params[name] = value
+        return value
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        value = self.given.get(name, low)
+        assert low <= value <= high, (name, value, low, high)
+        self.params[name] = value
+        return int(value)
+
+
+class Uniform(Drawn):
+    """A trial that draws every value uniformly from a seeded generator."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__({})
+        self.rng = rng
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        self.params[name] = self.rng.choice(choices)
+        return self.params[name]
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        self.params[name] = self.rng.randint(low, high)
+        return int(self.params[name])
+
+
+SPACES = {
+    "r1-h200-24": lambda: build_space("deepseek-r1", "h200", 24),
+    "v4-flash-gb300-72": lambda: build_space("deepseek-v4-flash", "gb300", 72),  # the demo's
+}
+
+
+def pd_draws(space: SearchSpace, redundant: bool) -> list[dict[str, Any]]:
+    """Every P/D combination of DEP sizes and instance counts (and redundant experts where
+    `redundant`; else each DEP's last option), the rest of the draw at its first choice."""
+    per_role = {}
+    for role in ("prefill", "decode"):
+        per_role[role] = [
+            {f"{role}_dep": dep, f"{role}_instances_dep{dep}": n, f"{role}_redundant_dep{dep}": r}
+            for dep in space.deps
+            for n in range(space.instance_range(role, dep)[0],
+                           space.instance_range(role, dep)[1] + 1)
+            for r in (space.redundant[dep] if redundant else space.redundant[dep][-1:])]
+    return [{"layout": "pd", **p, **d}
+            for p, d in itertools.product(per_role["prefill"], per_role["decode"])]
+
+
+@pytest.mark.parametrize("name", SPACES)
+def test_no_drawn_combination_is_over_the_budget(name):
+    space = SPACES[name]()
+    draws = pd_draws(space, redundant=name == "r1-h200-24")
+    repaired = 0
+    for given in draws:
+        trial = Drawn(given)
+        d = suggest(trial, space)
+        assert d.prefill is not None and d.decode is not None
+        assert d.gpus_used <= space.gpus, given
+        assert d == deployment_from_params(space, trial.params)
+        drawn = {role: (given[f"{role}_dep"], given[f"{role}_instances_dep{given[f'{role}_dep']}"],
+                        given[f"{role}_redundant_dep{given[f'{role}_dep']}"])
+                 for role in ("prefill", "decode")}
+        if sum(dep * n for dep, n, _ in drawn.values()) <= space.gpus:  # the point itself
+            for role, (dep, n, r) in drawn.items():
+                assert (d.roles[role].dep, d.roles[role].instances,
+                        d.roles[role].redundant_experts) == (dep, n, r)
+            continue
+        repaired += 1
+        room = space.gpus - d.prefill.gpus
+        if d.decode.dep != drawn["decode"][0]:  # the largest decode DEP that fits
+            assert d.decode.dep == largest_dep(space, room) < drawn["decode"][0]
+            assert d.decode.redundant_experts == nearest(space.redundant[d.decode.dep],
+                                                         drawn["decode"][2])
+        if d.prefill.dep != drawn["prefill"][0]:  # only where no decode instance fits beside it
+            assert drawn["prefill"][0] + space.deps[0] > space.gpus
+            assert d.prefill.instances == 1
+        else:  # every drawn prefill instance that fits beside the decode one
+            assert (d.prefill.instances == drawn["prefill"][1]
+                    or d.gpus_used + drawn["prefill"][0] > space.gpus)
+        for role, r in d.roles.items():
+            assert r.dep is not None and r.redundant_experts in space.redundant[r.dep]
+            low, high = space.instance_range(role, r.dep)
+            assert low <= r.instances <= high  # a point of the space, within the budget
+    assert repaired  # the combinations include points over the budget
+
+
+@pytest.mark.parametrize("name", SPACES)
+def test_no_random_draw_is_over_the_budget(name):
+    space, rng = SPACES[name](), random.Random(0)
+    layouts = set()
+    for _ in range(10000):
+        trial = Uniform(rng)
+        d = suggest(trial, space)
+        assert d.gpus_used <= space.gpus, trial.params
+        assert d == deployment_from_params(space, trial.params)
+        layouts.add(trial.params["layout"])
+    assert layouts == {"pd", "aggregated"}
+
+
+def test_a_decode_dep_too_wide_takes_the_widest_that_fits():
+    space = build_space("deepseek-v4-flash", "gb300", 72)
+    assert space.redundant[72] == (32,) and space.redundant[64] == (0, 64)
+    d = suggest(Drawn({"layout": "pd", "prefill_dep": 8, "prefill_instances_dep8": 8,
+                       "decode_dep": 72, "decode_redundant_dep72": 32}), space)
+    assert d.prefill is not None and d.decode is not None
+    assert (d.prefill.instances, d.prefill.dep) == (1, 8)
+    assert (d.decode.instances, d.decode.dep, d.decode.redundant_experts) == (1, 64, 0)
+    d = suggest(Drawn({"layout": "pd", "prefill_dep": 1, "prefill_instances_dep1": 30,
+                       "decode_dep": 72}), space)  # prefill keeps what fits beside DEP64
+    assert d.prefill is not None and d.decode is not None
+    assert (d.prefill.instances, d.decode.dep, d.gpus_used) == (8, 64, 72)
+    d = suggest(Drawn({"layout": "pd", "prefill_dep": 24, "prefill_instances_dep24": 2,
+                       "decode_dep": 56, "decode_redundant_dep56": 24}), space)
+    assert d.prefill is not None and d.decode is not None
+    assert (d.prefill.gpus, d.decode.dep, d.decode.redundant_experts) == (24, 48, 32)
+
+
+def test_a_prefill_dep_with_no_room_beside_it_gives_way():
+    space = build_space("deepseek-v4-flash", "gb300", 72)
+    d = suggest(Drawn({"layout": "pd", "prefill_dep": 72, "decode_dep": 8}), space)
+    assert d.prefill is not None and d.decode is not None
+    assert (d.prefill.dep, d.prefill.redundant_experts, d.decode.dep) == (64, 0, 8)
+    d = suggest(Drawn({"layout": "pd", "prefill_dep": 72, "decode_dep": 72}), space)
+    assert d.prefill is not None and d.decode is not None
+    assert (d.prefill.dep, d.decode.dep) == (8, 64)  # decode keeps the widest it can
+    space = build_space("deepseek-r1", "h200", 24)
+    d = suggest(Drawn({"layout": "pd", "prefill_dep": 24, "prefill_redundant_dep24": 32,
+                       "decode_dep": 24}), space)
+    assert d.prefill is not None and d.decode is not None
+    assert (d.prefill.dep, d.prefill.redundant_experts, d.decode.dep) == (8, 32, 16)
+
+
+@pytest.mark.parametrize(("space", "points"), [
+    (small_space, 3008), (SPACES["r1-h200-24"], 59808)], ids=["small", "r1-h200-24"])
+def test_enumeration_is_every_point_within_the_budget_and_the_repair_stays_in_it(space, points):
+    space = space()
+    listed = list(enumerate_params(space))
+    assert len(listed) == points
+    keys = set()
+    for params in listed:
+        d = deployment_from_params(space, params)
+        for role, r in d.roles.items():  # the point itself, not a repair
+            assert (r.dep, r.instances, r.redundant_experts) == (
+                params[f"{role}_dep"], params[f"{role}_instances_dep{r.dep}"],
+                params[f"{role}_redundant_dep{r.dep}"])
+        keys.add(deployment_key(d))
+    assert len(keys) == points
+    for given in pd_draws(space, redundant=True):
+        assert deployment_key(suggest(Drawn(given), space)) in keys

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import random
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -189,6 +190,8 @@ class _History:
     """What the gate learns from (see `_seen`)."""
     simulated: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The first simulation of each deployment (by key)."""
+    keys: dict[str, int] = field(default_factory=dict)
+    """Point key -> the first trial of it, whatever its stage."""
     simulations: int = 0
 
     def add(self, trial: FrozenTrial) -> None:
@@ -198,6 +201,7 @@ class _History:
         self.numbers.add(trial.number)
         self.params[trial.number] = trial.params
         for r in records([trial]):
+            self.keys.setdefault(_key(r["deployment"], r.get("load")), trial.number)
             self.seen.extend(_seen([r]))
             if r["stage"] == "simulated" and "reused" not in r:
                 self.simulations += 1
@@ -256,7 +260,7 @@ class Loop:
             todo += [{**params, "load": load} for load in self.config.loads
                      if _key(deployment, load) not in have]
         for params in todo:
-            self.study.enqueue_trial(params, user_attrs={"curve": True},
+            self.study.enqueue_trial(params, user_attrs={"curve": True, "fixed": True},
                                      skip_if_exists=False)
         if not todo:
             return
@@ -333,8 +337,12 @@ class Loop:
         deployment = suggest(trial, self.config.space)
         load = (float(trial.suggest_categorical("load", list(self.config.loads)))
                 if self.config.loads else None)
+        moved: dict[str, Any] = {}
+        if not trial.user_attrs.get("fixed"):  # drawn by the sampler, not enqueued by us
+            deployment, load, moved = self._novel(trial, deployment, load, pending)
         record: dict[str, Any] = {"deployment": dump_deployment(deployment),
-                                  "layout": "pd" if deployment.disaggregated else "aggregated"}
+                                  "layout": "pd" if deployment.disaggregated else "aggregated",
+                                  **moved}
         if load is not None:
             record["load"] = load
         curve = bool(trial.user_attrs.get("curve"))
@@ -381,6 +389,39 @@ class Loop:
                                    violation(estimate, self.config.slos))
         pending.append(_Pending(trial, deployment, record, key, load))
         return None
+
+    def _novel(self, trial: optuna.Trial, deployment: Deployment, load: float | None,
+               pending: list[_Pending]) -> tuple[Deployment, float | None, dict[str, Any]]:
+        """The drawn point, or when it repeats one the search has (any stage, or pending in
+        this round), a neighbour it has not: one parameter other than a DEP size changed, in an
+        order seeded by the trial number; the trial's params stay as drawn, the record says
+        which point it repeated and what changed. A point without a novel neighbour stays."""
+        key = _key(dump_deployment(deployment), load)
+        earlier = {**{p.key: p.trial.number for p in pending}, **self.history.keys}
+        if key not in earlier:
+            return deployment, load, {}
+        params, dists = trial.params, trial.distributions
+        options: list[tuple[str, Any]] = []
+        for name in sorted(params):
+            if name == "layout" or name.endswith("_dep"):
+                continue  # other names depend on these
+            d = dists[name]
+            if isinstance(d, optuna.distributions.CategoricalDistribution):
+                values: Sequence[Any] = d.choices
+            elif isinstance(d, optuna.distributions.IntDistribution):
+                values = range(d.low, d.high + 1)
+            else:
+                continue
+            options += [(name, v) for v in values if v != params[name]]
+        rng = random.Random(f"{self.config.seed}/{trial.number}")
+        rng.shuffle(options)
+        for name, value in options:
+            point = {**params, name: value}
+            there = float(value) if name == "load" else load
+            other = deployment_from_params(self.config.space, point)
+            if _key(dump_deployment(other), there) not in earlier:
+                return other, there, {"repeats": earlier[key], "changed": {name: value}}
+        return deployment, load, {}
 
     def _fewer_gpus(self, gpus: int) -> str:
         """Objective gpus: why a point on `gpus` GPUs need not run ('' when it may)."""
@@ -430,7 +471,8 @@ class Loop:
         if number is None or number in self._enqueued or number not in self.history.params:
             return
         self._enqueued.add(number)
-        self.study.enqueue_trial(self.history.params[number], skip_if_exists=False)
+        self.study.enqueue_trial(self.history.params[number], user_attrs={"fixed": True},
+                                 skip_if_exists=False)
         if self._count < self.budget:
             self._waiting.add(self._count)
         self._count += 1

@@ -307,3 +307,18 @@ def test_storage_errors_hide_passwords():
     with pytest.raises(SpecError) as e:
         open_storage("postgresql://me:secret@localhost:1/x")
     assert "secret" not in str(e.value)
+
+
+def test_a_repeated_proposal_becomes_a_point_not_tried_yet(tmp_path):
+    # BatchTradeoff pulls TPE to the same corner; 40 trials on a 30-point space repeat.
+    s = space(deps=(8, 16), max_num_seqs=(64, 128, 256), mtp_tokens=(0,))
+    study = run_search(config(tmp_path, space=s, trials=24, startup_trials=4),
+                       evaluate=BatchTradeoff())
+    recs = trial_records(study)
+    keys = [json.dumps(r["deployment"], sort_keys=True) for r in recs]
+    moved = [r for r in recs if "repeats" in r]
+    assert moved, "no proposal repeated an earlier one: the test space is too large"
+    assert len(set(keys)) == len(keys)
+    for r in moved:
+        assert keys.index(json.dumps(r["deployment"], sort_keys=True)) == recs.index(r)
+        assert r["repeats"] < r["number"] and len(r["changed"]) == 1

@@ -70,3 +70,13 @@ def test_wide_ep_comm_prints_deepep_beside_rackplan():
 def test_agentx_speed_prints_trees_requests_and_wall_time():
     out = run("benchmarks/agentx_speed.py", "--trees", "2", "--lanes", "2")
     assert "2 trees," in out and "requests/s" in out and "target 1,000 trees in 10 s" in out
+
+
+def test_capacity_question_prints_each_answer_and_its_cost():
+    out = run("benchmarks/capacity_question.py", "--trials", "6", "--gpus", "16",
+              "--no-screen")
+    lines = out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["kimi-16gpu", "kimi-target-1req_s"]
+    for line in lines:
+        assert " s wall, " in line and " s CPU, " in line and " simulated" in line
+        assert ("tok/s/GPU" in line and "why:" in line) or "no plan; " in line

@@ -260,35 +260,40 @@ def served_model(url: str, timeout_s: float = 10.0) -> str:
         raise BenchError(f"{url}/v1/models did not name a model ({exc})") from None
 
 
-def load_prediction(plan_path: Path) -> tuple[Any, Workload, dict[str, Any]]:
+def load_prediction(plan_path: Path, repredict: bool = False) -> tuple[
+        Any, Workload, dict[str, Any]]:
     """(deployment, workload, predicted metrics) of a plan.yaml; a deployment YAML without a
-    prediction is simulated."""
+    prediction, or any plan when `repredict`, is simulated now (with the calibration tables
+    active now: `--calibration DIR` or $RACKPLAN_CALIBRATION_DIR)."""
     from planner.plan import load_plan_or_deployment
     from simulator.specs.loading import read_yaml
 
     deployment, workload = load_plan_or_deployment(plan_path)
     workload = workload or Workload()
     data = read_yaml(plan_path)
-    predicted = data.get("predicted") if isinstance(data, dict) else None
+    predicted = data.get("predicted") if isinstance(data, dict) and not repredict else None
     if not isinstance(predicted, dict):
-        from planner.evaluate import sim_options
+        from planner.evaluate import calibration_for, sim_options
         from simulator.des import simulate
 
-        predicted = simulate(deployment, workload, options=sim_options(deployment)).metrics()
+        predicted = simulate(deployment, workload, calibration=calibration_for(deployment),
+                             options=sim_options(deployment)).metrics()
     return deployment, workload, predicted
 
 
 def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
               vllm: str | Path | None = None, model: str | None = None,
               tokenizer: str | None = None, num_prompts: int | None = None,
-              timeout_s: float | None = None, detailed: bool = False) -> Report:
+              timeout_s: float | None = None, detailed: bool = False,
+              repredict: bool = False) -> Report:
     """Run `vllm bench serve` against `url` with the plan's workload, compare with the plan's
     prediction, and write report.json and report.md (and bench.json, logs/bench.log) into
     `run_dir`. `detailed`: bench.json also holds every request's TTFT and inter-token gaps
-    (--save-detailed). SpecError for a workload that cannot be benchmarked, BenchError when the
-    benchmark fails."""
+    (--save-detailed). `repredict`: simulate the plan now instead of reading its prediction
+    (see `load_prediction`). SpecError for a workload that cannot be benchmarked, BenchError
+    when the benchmark fails."""
     plan_path, run_dir = Path(plan_path), Path(run_dir)
-    deployment, workload, predicted = load_prediction(plan_path)
+    deployment, workload, predicted = load_prediction(plan_path, repredict)
     settings = bench_settings(workload, num_prompts)
     url = url.rstrip("/")
     model = model or served_model(url)

@@ -59,6 +59,9 @@ def register(sub: Any) -> None:
                                  "http://127.0.0.1:<router port>)")
     p.add_argument("--out", metavar="DIR",
                    help="where the report goes (default runs/bench-<plan name>)")
+    p.add_argument("--calibration", metavar="DIR",
+                   help="predict again with the tables `rackplan calibrate --out DIR` wrote "
+                        "(and its serving_overhead.json), instead of the plan's own prediction")
     p.set_defaults(func=cmd_bench)
 
 
@@ -199,10 +202,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from executor.bench import run_bench
 
     try:
-        report = run_bench(Path(args.plan), url, run_dir)
+        report = run_bench(Path(args.plan), url, run_dir,
+                           repredict=args.calibration is not None)
     except LaunchError as e:  # bench's BenchError among them
         print(f"rackplan: error: {e}", file=sys.stderr)
         return EXIT_LAUNCH_FAILED
+    source = (f"simulated now with the tables in {args.calibration}" if args.calibration
+              else "the plan's own")
+    print(f"prediction: {source}")
     print(report.table())
     for path in report.paths:
         print(f"report: {path}")

@@ -150,3 +150,17 @@ def test_missing_engine_is_named(tmp_path):
     with pytest.raises(BenchError, match=r"engine executable /nothing/vllm does not exist"):
         run_bench(TINY_PD, "http://127.0.0.1:9", tmp_path, vllm=Path("/nothing/vllm"),
                   model="m")
+
+
+def test_repredict_simulates_the_plan_with_the_active_tables(tmp_path):
+    plan = yaml.safe_load(TINY_PD.read_text())
+    plan["predicted"]["ttft_ms"]["p90"] = 1e9  # a stale prediction
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    stale = run_bench(path, "http://127.0.0.1:9", tmp_path / "a", vllm=fake_vllm(tmp_path),
+                      model="m")
+    assert stale.row("ttft_ms.p90").predicted == 1e9
+    fresh = run_bench(path, "http://127.0.0.1:9", tmp_path / "b", vllm=fake_vllm(tmp_path),
+                      model="m", repredict=True)
+    got = fresh.row("ttft_ms.p90").predicted
+    assert got is not None and got < 1e6

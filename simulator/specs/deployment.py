@@ -268,27 +268,49 @@ def check_against_model(deployment: Deployment, model: ModelLike) -> None:
             raise SpecError(f"{name}: {error}")
 
 
+def experts_divide(routed: int, redundant: int, ranks: int) -> bool:
+    """vLLM's expert-placement rule: an MoE layer's routed plus redundant expert slots split
+    evenly over its expert-parallel ranks, (routed + redundant) % ranks == 0."""
+    return (routed + redundant) % ranks == 0
+
+
+def experts_error(routed: int, redundant: int, ranks: int, size: str) -> str | None:
+    """The clause saying that `ranks` expert-parallel ranks (named `size`, e.g. "dep=40") do not
+    divide routed+redundant experts, with the nearest valid redundant count; None when they do.
+    The one copy of the rule: the spec's check, the executor's rules over launch records and the
+    planner's space all ask it."""
+    if experts_divide(routed, redundant, ranks):
+        return None
+    fix = redundant + (-(routed + redundant)) % ranks
+    return (f"{size} must divide routed+redundant experts ({routed}+{redundant}="
+            f"{routed + redundant}); e.g. redundant_experts={fix} ({routed + fix} = {ranks} x "
+            f"{(routed + fix) // ranks})")
+
+
+def mtp_tokens_fit(tokens: int, mtp_layers: int) -> bool:
+    """vLLM's MTP rule: draft tokens up to the model's MTP layers, or a multiple of them above
+    (the layers run again); a model without MTP layers drafts none."""
+    return mtp_layers > 0 and (tokens <= mtp_layers or tokens % mtp_layers == 0)
+
+
 def _role_error(role: RoleSpec, model: ModelLike) -> str | None:
     """The first rule of vLLM this role breaks for this model, as a clause; None if none."""
     r = role.redundant_experts
     if r > 0 and not model.is_moe:
         return f"redundant_experts={r} needs an MoE model but {model.name} is dense; use 0"
     if model.is_moe and role.expert_parallel:
-        e, n = model.n_routed_experts, role.ranks
-        if (e + r) % n:
-            fix = r + (-(e + r)) % n
-            size = (f"{role.layout} ({n} GPUs)" if role.dep and role.tp else
-                    f"dep={n}" if role.dep is not None else f"tp={n}")
-            return (
-                f"{size} must divide routed+redundant experts ({e}+{r}={e + r}); "
-                f"e.g. redundant_experts={fix} ({e + fix} = {n} x {(e + fix) // n})"
-            )
+        n = role.ranks
+        size = (f"{role.layout} ({n} GPUs)" if role.dep and role.tp else
+                f"dep={n}" if role.dep is not None else f"tp={n}")
+        error = experts_error(model.n_routed_experts, r, n, size)
+        if error:
+            return error
     spec = role.speculative
     if spec is not None:
         k, m = spec.tokens, model.mtp_layers
         if m == 0:
             return f"speculative method {spec.method!r} needs MTP layers but {model.name} has none"
-        if k > m and k % m:
+        if not mtp_tokens_fit(k, m):
             return f"speculative tokens={k} above the {m} MTP layers must be a multiple of {m}"
     if role.tp is not None:
         tp, heads, kv = role.tp, model.num_attention_heads, model.num_kv_heads

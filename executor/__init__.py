@@ -1,5 +1,6 @@
-"""rackplan executor: a plan rendered as vLLM processes (launch backends to come)."""
+"""rackplan executor: a plan rendered as typed launch records, launched by a backend."""
 
-from executor.render import Process, Rendered, check_rules, render, role_flags
+from executor.records import DataParallel, LaunchRecord, Rendered
+from executor.render import render
 
-__all__ = ["Process", "Rendered", "check_rules", "render", "role_flags"]
+__all__ = ["DataParallel", "LaunchRecord", "Rendered", "render"]

@@ -3,8 +3,9 @@
 FAMILIES maps a Hugging Face architecture class (ModelSpec.architecture) to a Family: the vLLM
 name of each KV-cache precision, the block size and tokenizer mode the family needs, whether it
 has a sparse-attention indexer (and so an indexer cache dtype), and the MoE backend it takes on
-Blackwell. An architecture not in the table gets GENERIC. The renderer asks the family for its
-flags, executor/rules.py asks it which values vLLM accepts; adding a family is one entry.
+Blackwell. An architecture not in the table gets GENERIC. The vLLM engine (executor/engines/
+vllm.py) asks the family for its flags, executor/rules.py asks it which values vLLM accepts;
+adding a family is one entry.
 
 Every value below was read in vLLM 0.32.0 (the engine executor/engine_env.sh pins); each field
 names the vLLM file it mirrors.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from executor.records import Flag
 from simulator.specs.deployment import SM100_HARDWARE, Deployment, RoleSpec, uses_mega_moe
 
 SM100_ONLY = {
@@ -73,16 +75,16 @@ class Family:
         return self.mega_moe is not None and uses_mega_moe(
             architecture, deployment.hardware, role, deployment.precision.weights)
 
-    def flags(self, deployment: Deployment) -> list[str]:
+    def flags(self, deployment: Deployment) -> list[Flag]:
         """Flags every process of this family gets, after --kv-cache-dtype (the block size
         goes with the memory flags)."""
-        flags = []
+        flags: list[Flag] = []
         if self.tokenizer_mode is not None:
-            flags += ["--tokenizer-mode", self.tokenizer_mode]
+            flags.append(("--tokenizer-mode", self.tokenizer_mode))
         if self.sparse_indexer and deployment.precision.indexer_cache == "fp4":
-            flags += ["--attention-config", f'{{"indexer_kv_dtype":"{INDEXER_FP4}"}}']
+            flags.append(("--attention-config", {"indexer_kv_dtype": INDEXER_FP4}))
         if self.hybrid_kv_cache:
-            flags.append("--no-disable-hybrid-kv-cache-manager")
+            flags.append(("--no-disable-hybrid-kv-cache-manager", None))
         return flags
 
 

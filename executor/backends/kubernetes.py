@@ -20,27 +20,18 @@ The model path must exist inside the pods (an image or a volume that holds it).
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
 
 from executor.backends.base import Backend, LaunchError, write_atomic
-from executor.backends.layout import (
-    DP_ADDRESS,
-    HOST_ENV,
-    LOCAL_SIZE,
-    START_RANK,
-    RoleLayout,
-    dns_label,
-    role_layouts,
-    shell_words,
-)
-from executor.render import Process, Rendered
+from executor.backends.layout import HOST_ENV, RoleLayout, dns_label, role_layouts, shell_lines
+from executor.records import LaunchRecord, Rendered
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
@@ -129,7 +120,7 @@ class KubernetesBackend(Backend):
         return {"containers": [container],
                 "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]}
 
-    def _container(self, layout: RoleLayout, process: Process, command: list[str],
+    def _container(self, layout: RoleLayout, process: LaunchRecord, command: list[str],
                    args: list[str], **extra: Any) -> dict[str, Any]:
         env: list[dict[str, Any]] = []
         for key, value in sorted(process.env.items()):
@@ -148,10 +139,11 @@ class KubernetesBackend(Backend):
 
     def _leader(self, layout: RoleLayout) -> dict[str, Any]:
         head = layout.head
-        args = _replace(list(head.argv[2:]), DP_ADDRESS, "$(LWS_LEADER_ADDRESS)")
+        if head.dp is not None:  # Kubernetes expands $(VAR) in args itself
+            head = replace(head, dp=replace(head.dp, address="$(LWS_LEADER_ADDRESS)"))
         probe = {"httpGet": {"path": "/health", "port": "http"}, "initialDelaySeconds": 30,
                  "periodSeconds": 10, "failureThreshold": 3}
-        return self._container(layout, head, list(head.argv[:2]), args,
+        return self._container(layout, head, list(head.launcher), list(head.args()),
                                ports=[{"name": "http", "containerPort": layout.port}],
                                readinessProbe=probe)
 
@@ -297,31 +289,12 @@ def worker_script(layout: RoleLayout) -> str:
     """The `sh -c` command of a worker pod: the headless vllm with its start rank (and, when
     the last pod holds fewer ranks, its local size) from $LWS_WORKER_INDEX."""
     proc = layout.processes[1]
-    per = layout.gpus_per_host
-    start = f"$((LWS_WORKER_INDEX * {per}))"
-    locals_ = {layout.local_ranks(h) for h in range(1, layout.hosts)}
-    local = None
-    if len(locals_) > 1:  # the last pod holds what is left
-        left = f"{layout.dp_size} - LWS_WORKER_INDEX * {per}"
-        local = f"$(({left} < {per} ? {left} : {per}))"
-    words = []
-    argv = list(proc.argv)
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token == DP_ADDRESS:
-            words += [token, '"${LWS_LEADER_ADDRESS}"']
-            i += 2
-        elif token == START_RANK:
-            words += [token, f'"{start}"']
-            i += 2
-        elif token == LOCAL_SIZE and local is not None:
-            words += [token, f'"{local}"']
-            i += 2
-        else:
-            words.append(shlex.quote(token))
-            i += 1
-    return shell_words(["exec", *words]) + "\n"
+    per = layout.ranks_per_host
+    exprs = {"address": "${LWS_LEADER_ADDRESS}", "start_rank": f"$((LWS_WORKER_INDEX * {per}))"}
+    if len({layout.local_ranks(h) for h in range(1, layout.hosts)}) > 1:  # the last pod holds
+        left = f"{layout.dp_size} - LWS_WORKER_INDEX * {per}"               # what is left
+        exprs["local"] = f"$(({left} < {per} ? {left} : {per}))"
+    return shell_lines(["exec", *proc.shell_words(dp=exprs)]) + "\n"
 
 
 class _Dumper(yaml.SafeDumper):
@@ -337,12 +310,6 @@ def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 
 
 _Dumper.add_representer(str, _str)
-
-
-def _replace(args: list[str], flag: str, value: str) -> list[str]:
-    if flag in args:
-        args[args.index(flag) + 1] = value
-    return args
 
 
 def _file_args(files: Any) -> list[str]:

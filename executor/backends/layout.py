@@ -4,22 +4,19 @@ A cluster schedules each role as N alike instances of H hosts, so one template p
 enough: instance 0's processes are the template, and what differs from one instance to the next
 in the rendering (host names, ports chosen to keep instances on one machine apart) is set by the
 scheduler instead — the head's address from the scheduler, the same ports on every instance.
-Also here: writing a file atomically, which every backend does.
+Everything here reads the launch records' typed fields. Also here: a command as shell lines and
+names as DNS labels, which both cluster backends write.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from executor.render import Process, Rendered
-from executor.rules import parse_flags
+from executor.records import LaunchRecord, Rendered
 from simulator.specs.errors import SpecError
 
 HOST_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST",)
 """Environment variables that hold the process's own host address (set by the cluster)."""
-DP_ADDRESS = "--data-parallel-address"
-START_RANK = "--data-parallel-start-rank"
-LOCAL_SIZE = "--data-parallel-size-local"
 
 
 @dataclass(frozen=True)
@@ -29,30 +26,48 @@ class RoleLayout:
     role: str
     instances: int
     """Alike instances of this role."""
-    hosts: int
-    """Hosts (pods, nodes) per instance; the first is the head."""
-    gpus_per_host: int
-    """GPUs each host of an instance uses (the head's share)."""
-    port: int
-    """HTTP port of each instance's head."""
-    processes: tuple[Process, ...]
+    processes: tuple[LaunchRecord, ...]
     """Instance 0's processes, head first: the template of every instance."""
-    dp_size: int
-    """Data-parallel ranks per instance (1 without data parallelism)."""
 
     @property
-    def head(self) -> Process:
+    def head(self) -> LaunchRecord:
         return self.processes[0]
 
     @property
+    def hosts(self) -> int:
+        """Hosts (pods, nodes) per instance; the first is the head."""
+        return len(self.processes)
+
+    @property
+    def port(self) -> int:
+        """HTTP port of each instance's head."""
+        assert self.head.port is not None  # role_layouts checked it
+        return self.head.port
+
+    @property
+    def gpus_per_host(self) -> int:
+        """GPUs each host of an instance uses (the head's share)."""
+        return self.head.gpus
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks per instance (1 without data parallelism)."""
+        return self.head.dp.size if self.head.dp is not None else 1
+
+    @property
+    def ranks_per_host(self) -> int:
+        """Data-parallel ranks each full host runs (the head's)."""
+        return self.local_ranks(0)
+
+    @property
     def model(self) -> str:
-        """What vllm serves (the served model name of every instance)."""
-        return self.head.argv[2]
+        """What the engine serves (the served model name of every instance)."""
+        return self.head.model
 
     def local_ranks(self, host: int) -> int:
         """Data-parallel ranks that host `host` of an instance runs."""
-        value = parse_flags(self.processes[host].argv).get(LOCAL_SIZE)
-        return int(value) if isinstance(value, str) else self.gpus_per_host
+        dp = self.processes[host].dp
+        return dp.local if dp is not None else 1
 
 
 def role_layouts(rendered: Rendered) -> list[RoleLayout]:
@@ -62,25 +77,17 @@ def role_layouts(rendered: Rendered) -> list[RoleLayout]:
         procs = [p for p in rendered.processes if p.role == role]
         first = procs[0].instance
         template = tuple(sorted((p for p in procs if p.instance == first), key=lambda p: p.host))
-        head = template[0]
-        if head.port is None:
+        if template[0].port is None:
             raise SpecError(f"{first} has no head process with an HTTP port")
-        flags = parse_flags(head.argv)
-        dp = int(str(flags.get("--data-parallel-size", 1)))
-        if len(template) > 1 and dp <= 1:
+        if len(template) > 1 and template[0].dp is None:
             raise SpecError(f"{first} spans {len(template)} hosts without data parallelism; "
                             "a cluster backend launches multi-host instances as DEP groups only")
-        if dp > 1:
-            gpus = int(str(flags.get(LOCAL_SIZE, dp)))
-        else:
-            gpus = int(str(flags.get("--tensor-parallel-size", 1)))
         layouts.append(RoleLayout(role=role, instances=len({p.instance for p in procs}),
-                                  hosts=len(template), gpus_per_host=gpus, port=head.port,
-                                  processes=template, dp_size=dp))
+                                  processes=template))
     return layouts
 
 
-def shell_words(words: list[str], indent: str = "  ") -> str:
+def shell_lines(words: list[str], indent: str = "  ") -> str:
     """Shell words joined with one flag per line (a backslash ending each line but the last)."""
     text = words[0]
     for word in words[1:]:

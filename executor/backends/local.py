@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import math
 import os
 import shlex
 import signal
@@ -35,9 +34,9 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from executor.backends.base import Backend, LaunchError, write_atomic
-from executor.render import Process, Rendered, render
+from executor.records import LaunchRecord, Rendered
+from executor.render import render
 from simulator.specs.deployment import Deployment
-from simulator.specs.hardware import load_hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_VENV_VAR = "RACKPLAN_ENGINE_VENV"
@@ -63,9 +62,7 @@ def default_vllm() -> Path:
 def render_local(deployment: Deployment, model_path: str | None = None, base_port: int = 8100,
                  rpc_base_port: int = 29550, **kwargs: Any) -> Rendered:
     """`render` with every host on this machine (127.0.0.1), as the local backend needs."""
-    per_host = load_hardware(deployment.hardware).gpus_per_host
-    n = sum(r.instances * math.ceil(r.ranks / per_host) for r in deployment.roles.values())
-    rendered = render(deployment, model_path, base_port, rpc_base_port, ["127.0.0.1"] * n,
+    rendered = render(deployment, model_path, base_port, rpc_base_port, LOCAL_HOSTS[0],
                       **kwargs)
     if deployment.hardware != "cpu":
         return rendered
@@ -186,18 +183,17 @@ class LocalBackend(Backend):
         """Where a process writes its output (the proxy has no host index)."""
         return self.log_dir / (f"{instance}.log" if host is None else f"{instance}-h{host}.log")
 
-    def argv(self, process: Process) -> list[str]:
+    def argv(self, process: LaunchRecord) -> list[str]:
         """The process's command with the engine environment's `vllm`, and a model folder
         given relative to here made absolute (the processes run in the run directory)."""
-        argv = list(process.argv)
-        if argv and argv[0] == "vllm":
-            argv[0] = str(self.vllm)
-        if argv[1:2] == ["serve"] and len(argv) > 2 and not Path(argv[2]).is_absolute() \
-                and Path(argv[2]).exists():
-            argv[2] = str(Path(argv[2]).resolve())
-        return argv
+        launcher, model = process.launcher, process.model
+        if launcher[:1] == ("vllm",):
+            launcher = (str(self.vllm), *launcher[1:])
+        if not Path(model).is_absolute() and Path(model).exists():
+            model = str(Path(model).resolve())
+        return list(replace(process, launcher=launcher, model=model).to_argv())
 
-    def environment(self, process: Process | None) -> dict[str, str]:
+    def environment(self, process: LaunchRecord | None) -> dict[str, str]:
         """What a process adds to this process's environment."""
         env = {"HF_HUB_OFFLINE": "1", **self.extra_env}
         if process is not None:

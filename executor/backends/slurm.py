@@ -28,15 +28,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from executor.backends.base import Backend, LaunchError, write_atomic
-from executor.backends.layout import (
-    DP_ADDRESS,
-    HOST_ENV,
-    RoleLayout,
-    dns_label,
-    role_layouts,
-    shell_words,
-)
-from executor.render import Process, Rendered
+from executor.backends.layout import HOST_ENV, RoleLayout, dns_label, role_layouts, shell_lines
+from executor.records import LaunchRecord, Rendered
 
 SCRIPT_DIR = "slurm"
 """Folder under the run directory that holds the scripts; jobs run in it."""
@@ -108,7 +101,7 @@ class SlurmBackend(Backend):
         for proc in layout.processes:
             lines.append(f"  {proc.host})")
             lines += [f"    export {line}" for line in _env_lines(proc)]
-            lines.append("    " + shell_words(["exec", *_command(proc)], indent="      "))
+            lines.append("    " + shell_lines(["exec", *_command(proc)], indent="      "))
             lines.append("    ;;")
         lines += [f'  *) echo "SLURM_NODEID=$SLURM_NODEID is not a node of this {layout.hosts}'
                   '-node instance" >&2; exit 1 ;;',
@@ -238,27 +231,19 @@ class SlurmBackend(Backend):
                            timeout=60, check=False)
 
 
-def _env_lines(proc: Process) -> list[str]:
+def _env_lines(proc: LaunchRecord) -> list[str]:
     """NAME=value assignments of a process's environment; its own host name from $SELF."""
     return [f'{key}="$SELF"' if key in HOST_ENV else f"{key}={shlex.quote(value)}"
             for key, value in sorted(proc.env.items())]
 
 
-def _command(proc: Process) -> list[str]:
-    """The process's argv as a shell command: the head's address from $HEAD, the executable
+def _command(proc: LaunchRecord) -> list[str]:
+    """The process's command as shell words: the head's address from $HEAD, the executable
     overridable with $VLLM."""
-    argv = list(proc.argv)
-    plain = all(c.isalnum() or c in "_./-" for c in argv[0])
-    words = [f'"${{VLLM:-{argv[0]}}}"' if plain else shlex.quote(argv[0])]
-    i = 1
-    while i < len(argv):
-        if argv[i] == DP_ADDRESS and i + 1 < len(argv):
-            words += [DP_ADDRESS, '"$HEAD"']
-            i += 2
-        else:
-            words.append(shlex.quote(argv[i]))
-            i += 1
-    return words
+    exe = proc.launcher[0]
+    plain = all(c.isalnum() or c in "_./-" for c in exe)
+    return proc.shell_words(executable=f'"${{VLLM:-{exe}}}"' if plain else None,
+                            dp={"address": "$HEAD"})
 
 
 def _completion(url: str, model: str) -> bool:

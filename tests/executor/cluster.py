@@ -5,7 +5,8 @@ import stat
 import textwrap
 from pathlib import Path
 
-from executor.render import Rendered, render
+from executor.records import Rendered
+from executor.render import render
 from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.loading import load_deployment
 

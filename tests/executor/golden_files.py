@@ -7,7 +7,7 @@ rewrites every golden file a test compares against (then review `git diff tests/
 import os
 from pathlib import Path
 
-from executor.render import Rendered
+from executor.records import Rendered
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_ENV = "RACKPLAN_UPDATE_GOLDEN"

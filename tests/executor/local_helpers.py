@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from executor.backends.local import LocalBackend, free_base_port, render_local
-from executor.render import Rendered
+from executor.records import Rendered
 from simulator.specs.deployment import Deployment
 from simulator.specs.loading import load_deployment
 
@@ -54,9 +55,8 @@ def fake_vllm(tmp: Path) -> Path:
 
 
 def with_flag(rendered: Rendered, instance: str, flag: str) -> Rendered:
-    """The rendering with one extra argument for every process of one instance."""
-    procs = tuple(p if p.instance != instance else
-                  type(p)(p.instance, p.role, p.host, (*p.argv, flag), p.env, p.port)
+    """The rendering with one extra switch for every process of one instance."""
+    procs = tuple(p if p.instance != instance else replace(p, flags=(*p.flags, (flag, None)))
                   for p in rendered.processes)
     return Rendered(procs, rendered.router)
 

@@ -6,6 +6,7 @@ import shlex
 import subprocess
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -16,7 +17,7 @@ import executor.cli as cli
 from executor import vllm_args
 from executor.backends.base import Backend
 from executor.backends.local import render_local
-from executor.render import Process, Rendered
+from executor.records import DataParallel, LaunchRecord, Rendered
 from executor.vllm_args import FlagError, VllmCheck
 from planner.cli import main
 from simulator.specs.errors import SpecError
@@ -192,10 +193,10 @@ def test_local_launch_serves_in_the_foreground_until_ctrl_c_then_tears_down(
 
 
 def test_rules_refuse_a_rendering_before_any_file_is_written(tmp_path, monkeypatch):
-    bad = Rendered((Process("decode-0", "decode", 0, (
-        "vllm", "serve", "/m", "--data-parallel-size", "4", "--data-parallel-size-local", "8",
-        "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'),
-        port=8100),), {"port": 8099})
+    bad = Rendered((LaunchRecord(
+        "decode-0", "decode", 0, "/m", flags=(("--kv-transfer-config", {
+            "kv_connector": "NixlConnector", "kv_role": "kv_consumer"}),),
+        dp=DataParallel(size=4, local=8), port=8100),), {"port": 8099})
     monkeypatch.setattr(cli, "render_for", lambda target, deployment, model: bad)
     with pytest.raises(SpecError, match="decode-0 host 0: --data-parallel-size-local 8 must be "
                                         "<= --data-parallel-size 4"):
@@ -210,7 +211,8 @@ def test_check_flags_applies_the_model_family_rules(monkeypatch):
     rendered = cli.render_for("slurm", v4, "/models/DeepSeek-V4-Flash")
     cli.check_flags(v4, rendered, with_vllm=False)  # the example breaks no rule
     head = rendered.processes[0]
-    small = Process(head.instance, head.role, 0, (*head.argv, "--block-size", "64"), port=8100)
+    small = replace(head, flags=tuple((n, 64 if n == "--block-size" else v)
+                                      for n, v in head.flags))
     with pytest.raises(SpecError, match="prefill-0 host 0: --block-size 64 is not one the "
                                         "attention kernels of DeepseekV4ForCausalLM support"):
         cli.check_flags(v4, Rendered((small,), rendered.router), with_vllm=False)

@@ -3,6 +3,7 @@ pods' ranks, the router, and kubectl driven for real (a fake kubectl records the
 
 import json
 import subprocess
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -17,7 +18,6 @@ from executor.backends import kubernetes
 from executor.backends.base import LaunchError
 from executor.backends.kubernetes import KubernetesBackend, worker_script
 from executor.proxy import RouterConfig
-from executor.rules import parse_flags
 from tests.executor.cluster import (
     calls,
     fake_tool,
@@ -123,9 +123,9 @@ def test_leaders_run_the_head_command_with_the_lws_leader_address(tmp_path):
     decode = by_kind(objs, "LeaderWorkerSet")[1]["spec"]["leaderWorkerTemplate"]
     (leader,) = decode["leaderTemplate"]["spec"]["containers"]
     head = next(p for p in rendered.processes if p.instance == "decode-0" and p.host == 0)
-    expected = list(head.argv[2:])
-    expected[expected.index("--data-parallel-address") + 1] = "$(LWS_LEADER_ADDRESS)"
-    assert leader["command"] == ["vllm", "serve"] and leader["args"] == expected
+    assert head.dp is not None and head.dp.address == "host4"
+    expected = replace(head, dp=replace(head.dp, address="$(LWS_LEADER_ADDRESS)")).to_argv()
+    assert leader["command"] == ["vllm", "serve"] and leader["args"] == list(expected[2:])
     assert leader["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert leader["ports"] == [{"name": "http", "containerPort": head.port}]
     (worker,) = decode["workerTemplate"]["spec"]["containers"]
@@ -155,19 +155,15 @@ def test_worker_pods_run_the_rendered_headless_command_with_their_ranks(tmp_path
     rendered = rendering()
     backend = KubernetesBackend(rendered, tmp_path / "run")
     layout = next(lay for lay in backend.layouts if lay.hosts > 1)
-    head = parse_flags(layout.head.argv)
-    ranks = list(range(int(str(head["--data-parallel-size-local"]))))
+    assert layout.head.dp is not None
+    ranks = list(range(layout.head.dp.local))
     script = worker_script(layout)
     for proc in layout.processes[1:]:
         got = run_worker(tmp_path, script, proc.host)
-        expected = list(proc.argv)
-        expected[expected.index("--data-parallel-address") + 1] = \
-            "dsv3-decode-0.dsv3-decode.default"
-        assert got == expected
-        flags = parse_flags(got)
-        start, local = (int(str(flags[k])) for k in ("--data-parallel-start-rank",
-                                                     "--data-parallel-size-local"))
-        ranks += range(start, start + local)
+        assert proc.dp is not None and proc.dp.headless
+        expected = replace(proc, dp=replace(proc.dp, address="dsv3-decode-0.dsv3-decode.default"))
+        assert got == list(expected.to_argv())  # so its start rank and local size are the record's
+        ranks += range(proc.dp.start_rank, proc.dp.start_rank + proc.dp.local)
     assert sorted(ranks) == list(range(layout.dp_size))
 
 

@@ -1,11 +1,14 @@
-"""executor/render: a deployment as the exact `vllm serve` processes (golden files, rules)."""
+"""executor/render: a deployment as typed launch records, whose command lines are the exact
+`vllm serve` processes (golden files, records' fields, rules, the engine table)."""
 
 import json
 import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
+from executor.records import DataParallel
 from executor.render import render
 from simulator.specs.deployment import Deployment, RoleSpec, Speculative
 from simulator.specs.errors import SpecError
@@ -32,12 +35,47 @@ def test_dep_instance_spans_hosts_with_every_rank_once():
     assert len(decode) == 5  # DEP40 on 8-GPU hosts
     ranks = []
     for p in decode:
-        start = int(flag(p.argv, "--data-parallel-start-rank") or 0)
-        local = int(flag(p.argv, "--data-parallel-size-local") or 0)
-        ranks += range(start, start + local)
-        assert flag(p.argv, "--data-parallel-address") == "host4"
-        assert ("--headless" in p.argv) == (p.host > 0) and (p.port is None) == (p.host > 0)
+        assert p.dp is not None
+        ranks += range(p.dp.start_rank, p.dp.start_rank + p.dp.local)
+        assert p.dp.address == "host4"
+        assert p.dp.headless == (p.host > 0) and (p.port is None) == (p.host > 0)
+        assert ("--headless" in p.to_argv()) == p.dp.headless
     assert sorted(ranks) == list(range(40))
+
+
+def test_records_of_the_golden_pd_plan_carry_their_launch_as_typed_fields():
+    r = render(load_deployment(ROOT / "examples" / "deepseek-v3-h200-pd.yaml"),
+               model_path="/models/DeepSeek-V3")
+    prefill = r.processes[0]
+    assert (prefill.instance, prefill.role, prefill.host, prefill.port) == ("prefill-0",
+                                                                            "prefill", 0, 8100)
+    assert prefill.dp == DataParallel(size=8, local=8, start_rank=0, address="host0",
+                                      rpc_port=29550, headless=False)
+    third = next(p for p in r.processes if p.instance == "decode-0" and p.host == 2)
+    assert third.dp == DataParallel(size=40, local=8, start_rank=16, address="host4",
+                                    rpc_port=29554, headless=True)
+    assert (third.tp, third.port, third.gpus, third.model) == (1, None, 8, "/models/DeepSeek-V3")
+    assert third.env == {"VLLM_NIXL_SIDE_CHANNEL_HOST": "host6",
+                         "VLLM_NIXL_SIDE_CHANNEL_PORT": "5604"}
+    assert third.value("--eplb-config") == {"num_redundant_experts": 64}  # data, not JSON text
+    assert third.value("--max-num-seqs") == 256 and third.has("--enable-expert-parallel")
+    assert third.value("--kv-transfer-config") == {"kv_connector": "NixlConnector",
+                                                   "kv_role": "kv_consumer"}
+    argv = third.to_argv()  # the last step: the golden file's line
+    assert argv[:3] == ("vllm", "serve", "/models/DeepSeek-V3")
+    assert argv[-3:] == ("--data-parallel-start-rank", "16", "--headless")
+    assert third.command_line() in (ROOT / "tests" / "executor" / "golden" /
+                                    "deepseek-v3-h200-pd.txt").read_text().splitlines()
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_an_engine_rackplan_does_not_deploy_is_refused_by_name_not_rendered_as_vllm(engine):
+    plan = yaml.safe_load((ROOT / "examples" / "deepseek-v3-h200-pd.yaml").read_text())
+    d = load_deployment({**plan, "engine": engine})  # its calibration tables may price it
+    with pytest.raises(SpecError) as e:
+        render(d)
+    assert str(e.value) == (f"deploying engine '{engine}' is not supported yet; rackplan "
+                            "deploys vllm")
 
 
 def test_pd_roles_are_nixl_producer_and_consumer_and_the_router_knows_both():

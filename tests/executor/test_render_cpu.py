@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from executor.render import CPU_MAX_MODEL_LEN, render
+from executor.engines.vllm import CPU_MAX_MODEL_LEN
+from executor.render import render
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
 from tests.executor.golden_files import assert_golden, command_lines

@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -15,7 +16,6 @@ from executor.backends import slurm
 from executor.backends.base import LaunchError
 from executor.backends.slurm import SlurmBackend
 from executor.proxy import RouterConfig
-from executor.rules import parse_flags
 from tests.executor.cluster import calls, fake_tool, pd_rendering, uneven_rendering, use_path
 
 SRUN = """\
@@ -89,14 +89,11 @@ def test_each_array_task_starts_its_instance_s_processes_with_every_rank_once(
             for proc in layout.processes:
                 nixl_host, *argv = (folder / f"task{task}-node{proc.host}").read_text(
                     ).splitlines()
-                expected = list(proc.argv)
-                if "--data-parallel-address" in expected:
-                    expected[expected.index("--data-parallel-address") + 1] = nodes[0]
-                assert argv == expected
+                expected = proc if proc.dp is None else replace(
+                    proc, dp=replace(proc.dp, address=nodes[0]))
+                assert argv == list(expected.to_argv())
                 assert nixl_host == (me if proc.env else "")
-                flags = parse_flags(argv)
-                start = int(str(flags.get("--data-parallel-start-rank", 0)))
-                local = int(str(flags.get("--data-parallel-size-local", 1)))
+                start, local = (proc.dp.start_rank, proc.dp.local) if proc.dp else (0, 1)
                 ranks += range(start, start + local)
             assert sorted(ranks) == list(range(layout.dp_size))
             assert not (folder / f"task{task}-node{layout.hosts}").exists()

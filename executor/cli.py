@@ -2,25 +2,27 @@
 
 `register(sub)` adds both subcommands to the rackplan parser (planner/cli.py calls it).
 
-deploy renders the plan's deployment as `vllm serve` processes, checks their flags against
-vLLM's rules (and, with --check-flags, with vLLM's own parser), then hands them to a backend:
-with --dry-run, `local` prints each process's command line and `kubernetes`/`slurm` write their
-files; without it the backend launches, waits until every instance answers, prints the
-router's URL and — for `local` — serves in the foreground until Ctrl-C, then tears down.
+deploy renders the plan's deployment as typed launch records for the engine it names (an
+engine rackplan does not deploy is refused by name), checks them against vLLM's rules (and, with
+--check-flags, their command lines with vLLM's own parser), then hands them to a backend: with
+--dry-run it prints what the backend says (`local`: each process's command line;
+`kubernetes`/`slurm`: the files written); without it the backend launches, waits until every
+instance answers, prints the router's URL and — for a foreground target (`local`) — serves until
+Ctrl-C, then tears down. Every target-specific step is the backend's own (executor/backends/).
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from executor.backends import BACKENDS, get_backend
+from executor.backends import BACKENDS, backend_class, get_backend
 from executor.backends.base import Backend, LaunchError
-from executor.render import Rendered
+from executor.engines import engine_for
+from executor.records import Rendered
 from simulator.specs.deployment import Deployment
 from simulator.specs.errors import SpecError
 
@@ -90,14 +92,8 @@ def model_path(deployment: Deployment, given: str | None, build: bool) -> str:
 
 
 def render_for(target: str, deployment: Deployment, model: str) -> Rendered:
-    """The rendering a target launches: local puts every host on this machine."""
-    if target == "local":
-        from executor.backends.local import render_local
-
-        return render_local(deployment, model)
-    from executor.render import render
-
-    return render(deployment, model)
+    """The rendering a target launches (local puts every host on this machine)."""
+    return backend_class(target).render_for(deployment, model)
 
 
 def check_flags(deployment: Deployment, rendered: Rendered, with_vllm: bool) -> None:
@@ -113,7 +109,7 @@ def check_flags(deployment: Deployment, rendered: Rendered, with_vllm: bool) -> 
         return
     from executor.vllm_args import check_with_vllm
 
-    result = check_with_vllm((f"{p.instance} host {p.host}", p.argv)
+    result = check_with_vllm((f"{p.instance} host {p.host}", p.to_argv())
                              for p in rendered.processes)
     if result.skipped:
         print(f"rackplan: note: {result.skipped}", file=sys.stderr)
@@ -123,31 +119,23 @@ def check_flags(deployment: Deployment, rendered: Rendered, with_vllm: bool) -> 
 
 
 def local_command_lines(backend: Backend) -> list[str]:
-    """Each process as the local backend would start it: environment, then the command."""
-    from executor.backends.local import LocalBackend
-
-    assert isinstance(backend, LocalBackend)
-    lines = []
-    for p in backend.rendered.processes:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(backend.environment(p).items()))
-        lines.append((env + " " if env else "") + shlex.join(backend.argv(p)))
-    return lines
+    """Each process as the local backend would start it: environment, then the command (what
+    its --dry-run prints)."""
+    return backend.dry_run_lines()
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    if args.target not in BACKENDS:
-        raise SpecError(f"unknown target {args.target!r}; valid targets: {', '.join(BACKENDS)}")
+    target = backend_class(args.target)
     if not args.timeout > 0:
         raise SpecError(f"--timeout {args.timeout:g} must be a positive number of seconds")
     deployment = _load(args.plan)
+    engine_for(deployment)  # an engine rackplan does not deploy is refused before anything
     run_dir = Path(args.out or Path("runs") / f"deploy-{Path(args.plan).stem}")
     if run_dir.exists() and not run_dir.is_dir():
         raise SpecError(f"--out {run_dir} is a file; give a directory")
     try:
-        if args.target == "local" and not args.dry_run:
-            from executor.backends.local import check_fits_here
-
-            check_fits_here(deployment)
+        if not args.dry_run:
+            target.preflight(deployment)
         model = model_path(deployment, args.model_path, build=not args.dry_run)
     except LaunchError as e:
         print(f"rackplan: error: {e}", file=sys.stderr)
@@ -156,18 +144,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     check_flags(deployment, rendered, args.check_flags)
     backend = get_backend(args.target, rendered, run_dir)
     if args.dry_run:
-        if args.target == "local":
-            for line in local_command_lines(backend):
-                print(line)
-        else:
-            for path in backend.render():
-                print(path)
+        for line in backend.dry_run_lines():
+            print(line)
         return 0
-    return _launch(backend, args.target, args.timeout)
+    return _launch(backend, args.timeout)
 
 
-def _launch(backend: Backend, target: str, timeout_s: float) -> int:
-    """Launch, wait, print the URL; local serves until Ctrl-C. Teardown on any failure."""
+def _launch(backend: Backend, timeout_s: float) -> int:
+    """Launch, wait, print the URL; a foreground target serves until Ctrl-C. Teardown on any
+    failure."""
     try:
         backend.launch()  # each backend writes its files first
         backend.wait_ready(timeout_s)
@@ -179,8 +164,8 @@ def _launch(backend: Backend, target: str, timeout_s: float) -> int:
         backend.teardown()
         raise
     print(f"router: {backend.url or 'see ' + str(backend.run_dir)}")
-    if target != "local":
-        print(f"running on {target}; files in {backend.run_dir}", file=sys.stderr)
+    if not backend.foreground:
+        print(f"running on {backend.name}; files in {backend.run_dir}", file=sys.stderr)
         return 0
     print("serving; press Ctrl-C to stop", file=sys.stderr)
     try:

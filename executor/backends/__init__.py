@@ -6,7 +6,7 @@ import importlib
 from pathlib import Path
 
 from executor.backends.base import Backend, LaunchError
-from executor.render import Rendered
+from executor.records import Rendered
 from simulator.specs.errors import SpecError
 
 BACKENDS: dict[str, str] = {
@@ -17,13 +17,18 @@ BACKENDS: dict[str, str] = {
 """`--target` name -> the class that implements it (imported when chosen)."""
 
 
-def get_backend(target: str, rendered: Rendered, run_dir: Path) -> Backend:
-    """The backend for `target`, bound to a rendered deployment and its run directory."""
+def backend_class(target: str) -> type[Backend]:
+    """The class of `target` (SpecError naming the valid targets when there is none)."""
     if target not in BACKENDS:
         raise SpecError(f"unknown target {target!r}; valid targets: {', '.join(BACKENDS)}")
     module, _, cls = BACKENDS[target].partition(":")
     backend: type[Backend] = getattr(importlib.import_module(module), cls)
-    return backend(rendered, run_dir)
+    return backend
 
 
-__all__ = ["BACKENDS", "Backend", "LaunchError", "get_backend"]
+def get_backend(target: str, rendered: Rendered, run_dir: Path) -> Backend:
+    """The backend for `target`, bound to a rendered deployment and its run directory."""
+    return backend_class(target)(rendered, run_dir)
+
+
+__all__ = ["BACKENDS", "Backend", "LaunchError", "backend_class", "get_backend"]

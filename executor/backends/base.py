@@ -1,10 +1,13 @@
 """The one interface every launch target implements.
 
-A backend takes a `Rendered` deployment (the processes and the router) and a run directory.
-`render` writes the target's files (command lines, manifests, batch scripts) and starts nothing:
-it is all that `--dry-run` does. `launch` starts the deployment; `wait_ready` returns once every
-instance answers a real request; `teardown` stops everything it started and is safe to call
-twice, after a failed launch, or from a signal handler.
+A backend takes a `Rendered` deployment (the launch records and the router) and a run directory.
+`render` writes the target's files (command lines, manifests, batch scripts) and starts nothing.
+`launch` starts the deployment; `wait_ready` returns once every instance answers a real request;
+`teardown` stops everything it started and is safe to call twice, after a failed launch, or from
+a signal handler. What `rackplan deploy` asks besides is each target's own answer, so the CLI
+never branches on a target's name: `render_for` (the rendering it launches), `preflight` (what
+it refuses before anything is built), `dry_run_lines` (what `--dry-run` prints) and `foreground`
+(whether deploy keeps serving until Ctrl-C). executor/backends/mock.py is the test double.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
-from executor.render import Rendered
+from executor.records import Rendered
+from executor.render import render as render_deployment
+from simulator.specs.deployment import Deployment
 
 
 class LaunchError(RuntimeError):
@@ -28,6 +33,9 @@ class Backend(ABC):
 
     name: ClassVar[str]
     """The `--target` value that selects this backend."""
+    foreground: bool = False
+    """Whether `rackplan deploy` keeps serving in the foreground once ready and tears the
+    deployment down on Ctrl-C (else it leaves it running on the target and returns)."""
 
     def __init__(self, rendered: Rendered, run_dir: Path) -> None:
         self.rendered = rendered
@@ -44,6 +52,23 @@ class Backend(ABC):
     def url(self) -> str | None:
         """Where clients reach the deployment (the router), once it is known."""
         return None
+
+    @classmethod
+    def render_for(cls, deployment: Deployment, model: str) -> Rendered:
+        """The rendering this target launches, serving `model` (by default each host keeps
+        its placeholder name, host0, host1, ..., which the target's scheduler fills in)."""
+        return render_deployment(deployment, model)
+
+    @classmethod
+    def preflight(cls, deployment: Deployment) -> None:
+        """Raise LaunchError, before anything is built or started, for a deployment this target
+        cannot launch (by default every one can be tried)."""
+        return None
+
+    def dry_run_lines(self) -> list[str]:
+        """What `--dry-run` prints, starting nothing: by default the target's files, written,
+        one path a line."""
+        return [str(path) for path in self.render()]
 
     @abstractmethod
     def render(self) -> list[Path]:

@@ -150,6 +150,7 @@ class LocalBackend(Backend):
     """Subprocesses in their own process groups on this machine, and the P/D proxy."""
 
     name: ClassVar[str] = "local"
+    foreground = True
 
     def __init__(self, rendered: Rendered, run_dir: Path, *, vllm: str | Path | None = None,
                  python: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -182,6 +183,25 @@ class LocalBackend(Backend):
     def log_path(self, instance: str, host: int | None = None) -> Path:
         """Where a process writes its output (the proxy has no host index)."""
         return self.log_dir / (f"{instance}.log" if host is None else f"{instance}-h{host}.log")
+
+    @classmethod
+    def render_for(cls, deployment: Deployment, model: str) -> Rendered:
+        """Every host on this machine (render_local)."""
+        return render_local(deployment, model)
+
+    @classmethod
+    def preflight(cls, deployment: Deployment) -> None:
+        """A GPU deployment larger than this machine is refused (check_fits_here)."""
+        check_fits_here(deployment)
+
+    def dry_run_lines(self) -> list[str]:
+        """Each process as launch would start it: its environment, then its command; nothing
+        is written."""
+        lines = []
+        for p in self.rendered.processes:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.environment(p).items()))
+            lines.append((env + " " if env else "") + shlex.join(self.argv(p)))
+        return lines
 
     def argv(self, process: LaunchRecord) -> list[str]:
         """The process's command with the engine environment's `vllm`, and a model folder

@@ -8,15 +8,14 @@ import sys
 import types
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import yaml
 
 import executor.cli as cli
 from executor import vllm_args
-from executor.backends.base import Backend
 from executor.backends.local import render_local
+from executor.backends.mock import MockBackend
 from executor.records import DataParallel, LaunchRecord, Rendered
 from executor.vllm_args import FlagError, VllmCheck
 from planner.cli import main
@@ -151,34 +150,23 @@ def test_a_failed_launch_tears_down_and_says_why_in_one_line(tmp_path, monkeypat
     assert calls(log)[-1].startswith("kubectl delete --ignore-not-found")
 
 
-class FakeLocal(Backend):
-    name = "local"
-    events: ClassVar[list[str]] = []
+def mock_backends(monkeypatch, **options) -> list[MockBackend]:
+    """Every backend the CLI asks for is a MockBackend with these options; the list fills with
+    the ones it built."""
+    built: list[MockBackend] = []
 
-    def render(self):
-        self.events.append("render")
-        return []
+    def get_backend(target, rendered, run_dir):
+        built.append(MockBackend(rendered, run_dir, **options))
+        return built[-1]
 
-    def launch(self):
-        self.events.append("launch")
-
-    def wait_ready(self, timeout_s):
-        self.events.append(f"wait {timeout_s:g}")
-
-    def teardown(self):
-        self.events.append("teardown")
-
-    @property
-    def url(self):
-        return "http://127.0.0.1:8099"
+    monkeypatch.setattr(cli, "get_backend", get_backend)
+    return built
 
 
 def test_local_launch_serves_in_the_foreground_until_ctrl_c_then_tears_down(
         tmp_path, monkeypatch, capsys):
-    FakeLocal.events = []
     monkeypatch.setattr("executor.backends.local.gpus_here", lambda: 72)  # a 72-GPU machine
-    monkeypatch.setattr(cli, "get_backend", lambda target, rendered, run_dir: FakeLocal(
-        rendered, run_dir))
+    built = mock_backends(monkeypatch, foreground=True)
 
     def interrupt(seconds):
         raise KeyboardInterrupt
@@ -186,10 +174,55 @@ def test_local_launch_serves_in_the_foreground_until_ctrl_c_then_tears_down(
     monkeypatch.setattr(cli.time, "sleep", interrupt)
     assert main(["deploy", str(PD), "--target", "local", "--model-path", "/m",
                  "--timeout", "30"]) == 0
-    assert FakeLocal.events == ["launch", "wait 30", "teardown"]
+    (backend,) = built
+    assert backend.calls == ["launch", "wait_ready 30", "teardown"]
+    assert {p.dp.address for p in backend.rendered.processes if p.dp} == {"127.0.0.1"}
     out = capsys.readouterr()
     assert out.out == "router: http://127.0.0.1:8099\n"
     assert "press Ctrl-C" in out.err
+
+
+def test_a_target_that_does_not_serve_in_the_foreground_is_left_running(tmp_path, monkeypatch,
+                                                                        capsys):
+    built = mock_backends(monkeypatch, url="http://router.example:8099")
+    assert main(["deploy", str(PD), "--target", "slurm", "--out", str(tmp_path / "run")]) == 0
+    assert built[0].calls == ["launch", "wait_ready 1800"]  # not torn down
+    out = capsys.readouterr()
+    assert out.out == "router: http://router.example:8099\n"
+    assert out.err == f"running on mock; files in {tmp_path / 'run'}\n"
+
+
+def test_a_failed_wait_tears_the_backend_down_and_says_why(tmp_path, monkeypatch, capsys):
+    built = mock_backends(monkeypatch, fail="wait_ready")
+    assert main(["deploy", str(PD), "--target", "kubernetes", "--out", str(tmp_path)]) == 1
+    assert built[0].calls == ["launch", "wait_ready 1800", "teardown"]
+    assert capsys.readouterr().err == "rackplan: error: wait_ready failed (mock)\n"
+
+
+def test_a_dry_run_prints_what_the_backend_says_and_launches_nothing(tmp_path, monkeypatch,
+                                                                     capsys):
+    built = mock_backends(monkeypatch)
+    assert main(["deploy", str(PD), "--target", "kubernetes", "--dry-run", "--out",
+                 str(tmp_path)]) == 0
+    (backend,) = built
+    assert backend.calls == ["dry_run_lines"]
+    assert capsys.readouterr().out.splitlines() == [
+        p.command_line() for p in backend.rendered.processes]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+@pytest.mark.parametrize("target", ["local", "kubernetes"])
+def test_an_engine_rackplan_does_not_deploy_is_refused_by_name(tmp_path, engine, target):
+    plan = tmp_path / f"{engine}.yaml"
+    plan.write_text(PD.read_text().replace("engine: vllm", f"engine: {engine}"))
+    out = tmp_path / "run"
+    assert_one_line_error(run_cli("deploy", str(plan), "--target", target, "--dry-run",
+                                  "--out", str(out)),
+                          f"deploying engine '{engine}' is not supported yet; rackplan deploys "
+                          "vllm")
+    assert not out.exists()
+    with pytest.raises(SpecError, match=f"deploying engine '{engine}'"):
+        cli.render_for(target, load_deployment(plan), "/m")
 
 
 def test_rules_refuse_a_rendering_before_any_file_is_written(tmp_path, monkeypatch):

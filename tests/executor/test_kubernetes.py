@@ -262,3 +262,22 @@ def test_a_failed_apply_or_wait_is_a_launch_error_with_kubectl_s_reason(tmp_path
     with pytest.raises(LaunchError, match=r"no completion through the router \(run-router\) "
                                           r"within 1 s: urlopen error \[Errno 111\]"):
         backend.wait_ready(1)
+
+
+def test_pods_of_attention_dp_over_tp_groups_ask_for_every_gpu_they_use(tmp_path):
+    """DEP4 x TP4 on 8-GPU hosts: two DP ranks of four GPUs per pod, so eight GPUs a pod (the
+    record's dp.local x tp), and worker pods start at rank 2 x their index."""
+    from executor.render import render
+    from simulator.specs.deployment import Deployment, RoleSpec
+
+    d = Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(dep=4, tp=4))
+    rendered = render(d, model_path="/models/DeepSeek-V3")
+    _, objs = written(tmp_path, rendered)
+    (lws,) = by_kind(objs, "LeaderWorkerSet")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    for key in ("leaderTemplate", "workerTemplate"):
+        (container,) = template[key]["spec"]["containers"]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    (layout,) = KubernetesBackend(rendered, tmp_path / "run").layouts
+    assert (layout.gpus_per_host, layout.ranks_per_host) == (8, 2)
+    assert '"$((LWS_WORKER_INDEX * 2))"' in worker_script(layout)

@@ -32,6 +32,7 @@ KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 PD_KV_ROLES = {"prefill": ("kv_producer", "kv_both"), "decode": ("kv_consumer", "kv_both")}
 """The kv_role each side of a P/D deployment may take."""
 
+
 def _int(record: LaunchRecord, name: str, default: int) -> int:
     value = record.value(name)
     if value is None:

@@ -291,8 +291,8 @@ def worker_script(layout: RoleLayout) -> str:
     proc = layout.processes[1]
     per = layout.ranks_per_host
     exprs = {"address": "${LWS_LEADER_ADDRESS}", "start_rank": f"$((LWS_WORKER_INDEX * {per}))"}
-    if len({layout.local_ranks(h) for h in range(1, layout.hosts)}) > 1:  # the last pod holds
-        left = f"{layout.dp_size} - LWS_WORKER_INDEX * {per}"               # what is left
+    if len({layout.local_ranks(h) for h in range(1, layout.hosts)}) > 1:  # the last pod: the rest
+        left = f"{layout.dp_size} - LWS_WORKER_INDEX * {per}"
         exprs["local"] = f"$(({left} < {per} ? {left} : {per}))"
     return shell_lines(["exec", *proc.shell_words(dp=exprs)]) + "\n"
 

@@ -28,6 +28,8 @@ from simulator.specs.deployment import (
     Precision,
     RoleSpec,
     Speculative,
+    experts_divide,
+    mtp_tokens_fit,
     uses_mega_moe,
 )
 from simulator.specs.errors import SpecError
@@ -167,7 +169,7 @@ def redundant_options(model: ModelSpec, dep: int) -> tuple[int, ...]:
     e = model.n_routed_experts
     if not model.is_moe:
         return (0,)
-    valid = [r for r in range(0, e // 4 + 1) if (e + r) % dep == 0]
+    valid = [r for r in range(0, e // 4 + 1) if experts_divide(e, r, dep)]
     if not valid:
         return ()
     nice = {0, e // 16, e // 8, e // 4}
@@ -180,7 +182,7 @@ def mtp_options(model: ModelSpec) -> tuple[int, ...]:
     m = model.mtp_layers
     if not m:
         return (0,)
-    return (0, *(k for k in (1, 2, 3) if k <= m or k % m == 0))
+    return (0, *(k for k in (1, 2, 3) if mtp_tokens_fit(k, m)))
 
 
 def suggest(trial: TrialLike, space: SearchSpace) -> Deployment:

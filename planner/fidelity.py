@@ -2,28 +2,48 @@
 
 The screen's estimates are biased (they ignore ramp-up, imbalance and queueing variance), so
 the gate first corrects them by how simulation compared with the screen on the points simulated
-so far: per layout and metric, the median ratio simulated / screened. A point is simulated only
-when, corrected and with some slack, it can plausibly meet every SLO, and it is not clearly
-worse than the best so far. Objective slo: its corrected throughput is within `margin` of the
-best of (a) the feasible simulated plans and (b) the corrected estimates of SLO-plausible points
-not simulated yet — so simulations go to the points the screen ranks highest (the search
-re-enqueues a screened point that blocks others, so that it is simulated in turn). Objective pareto:
-it is not dominated by `margin` on both axes by a feasible simulated plan. A point whose
-estimate matches one already simulated (it differs only in what the screen cannot see, such as
-redundant experts or an unreached batch limit) is not simulated again. The first `warmup`
-screened points are only screened, so that the first simulation goes to the best of them.
+so far: per layout and metric, the median ratio simulated / screened (`Fit.factor`). What is
+left after the correction is the screen's measured error: over the same pairs, the largest
+amount by which a simulated value came out above its corrected estimate (`Fit.over`, in log) and
+below it (`Fit.under`). Before pairs measure it the error is taken to be `prior` either way, and
+it only gives way to the measured one as pairs accumulate: the bound is the measured largest
+deviation, pulled up toward the prior as if the prior had been seen `prior_pairs` times.
+
+A point is simulated only when it can plausibly meet every SLO and it is not clearly worse than
+the best so far. Plausible: no SLO is missed by more than the screen's error, so that a point the
+simulation would accept is not screened out (the screen never contradicts the simulation). An
+upper bound (latency) is missed when the corrected estimate exceeds the bound times exp(under)
+— the simulation has come out that much below its estimate — and a lower bound (tokens/s per
+user, rates) when it is below the bound times exp(-over); never tighter than the configured
+`slack`. An open-loop rate above the screen's capacity is "unbounded" only when the
+capacity, raised by the throughput error, still falls short of it.
+
+Not clearly worse, objective slo: its corrected throughput is within `margin` of the best of
+(a) the feasible simulated plans and (b) the corrected estimates of SLO-plausible points not
+simulated yet — so simulations go to the points the screen ranks highest (the search re-enqueues
+a screened point that blocks others, so that it is simulated in turn) — or within the measured
+throughput error (exp(-over), without the prior: this rule orders the simulations, it does not
+decide feasibility) where that is wider. Objective pareto: it is not dominated by a feasible
+simulated plan on both axes by `margin`, or by the measured error of that axis where wider. A
+point whose estimate matches one already simulated (it differs only in what the screen cannot
+see, such as redundant experts or an unreached batch limit) is not simulated again. The first
+`warmup` screened points are only screened, so that the first simulation goes to the best of
+them.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from planner.objectives import SLO, THROUGHPUT, USER_SPEED, metric_value
 from planner.screen import SATURATED_TTFT_MS
 
+Side = Literal["over", "under"]
+"""Which way a simulation came out of its corrected estimate: above (over) or below (under)."""
 TWIN = "same estimate as simulated trial"
 """How the reason for skipping a twin of a simulated point starts (after 'screen: ')."""
 
@@ -57,6 +77,21 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Fit:
+    """How the simulation compared with the screen on one metric: the correction and the error
+    that is left after it."""
+
+    factor: float = 1.0
+    """Median simulated / screened over the pairs (1 without `min_pairs` of them)."""
+    over: float = 0.0
+    """Largest log(simulated / corrected estimate) over the pairs, at least 0."""
+    under: float = 0.0
+    """Largest log(corrected estimate / simulated) over the pairs, at least 0."""
+    pairs: int = 0
+    """Screen/simulation pairs it comes from."""
+
+
+@dataclass(frozen=True)
 class Gate:
     """Decides from a screen estimate whether to simulate a point."""
 
@@ -64,7 +99,8 @@ class Gate:
     objective: str = "slo"
     """slo or pareto."""
     slack: float = 0.15
-    """Relative slack on each SLO bound for corrected estimates."""
+    """Least relative slack on each SLO bound for corrected estimates (the measured error of
+    the screen widens it)."""
     margin: float = 0.15
     """How much worse than the best so far (relative) a corrected estimate may look."""
     same: float = 0.01
@@ -76,23 +112,53 @@ class Gate:
     min_pairs: int = 3
     """Screen/simulation pairs needed before a correction is used (else 1)."""
     window: int = 25
-    """Most recent pairs a correction is the median of."""
+    """Most recent pairs a correction is the median of (and its error the largest of)."""
+    prior: float = 1.5
+    """Factor a corrected estimate is taken to be off by, either way, before pairs measure it."""
+    prior_pairs: int = 3
+    """Weight of `prior` in pairs: with n pairs the error bound is the measured largest
+    deviation e, raised toward log(prior) to (prior_pairs x log(prior) + n x e) / (prior_pairs
+    + n)."""
 
     def correction(self, metric: str, layout: str, history: Sequence[Seen]) -> float:
         """Median of simulated / screened `metric` over recent pairs of this layout (of all
         layouts when this one has too few), clipped to [0.2, 5]; 1 without enough pairs."""
+        return self.fit(metric, layout, history).factor
+
+    def fit(self, metric: str, layout: str, history: Sequence[Seen]) -> Fit:
+        """The correction of `metric` for `layout` and the measured error left after it, over
+        the recent pairs of this layout (of all layouts when this one has too few; the raw
+        errors against a factor of 1 when all of them are too few)."""
+        ratios: list[float] = []
         for same in (True, False):
             ratios = []
             for h in history:
                 if h.screen is None or h.metrics is None or (same and h.layout != layout):
                     continue
                 s, m = metric_value(h.screen, metric), metric_value(h.metrics, metric)
-                if s and m and s < SATURATED_TTFT_MS:
+                if s and m and 0 < s < SATURATED_TTFT_MS and m > 0:
                     ratios.append(m / s)
             ratios = ratios[-self.window:]
             if len(ratios) >= self.min_pairs:
-                return min(max(statistics.median(ratios), 0.2), 5.0)
-        return 1.0
+                break
+        factor = 1.0
+        if len(ratios) >= self.min_pairs:
+            factor = min(max(statistics.median(ratios), 0.2), 5.0)
+        logs = [math.log(r / factor) for r in ratios]
+        return Fit(factor, max([0.0, *logs]), max([0.0, *(-x for x in logs)]), len(ratios))
+
+    def error(self, fit: Fit, side: Side) -> float:
+        """The log error bound on one side ('over' or 'under') of a fit: the measured largest
+        deviation, raised toward the prior while pairs are few."""
+        seen = fit.over if side == "over" else fit.under
+        k, n = self.prior_pairs, fit.pairs
+        return max(seen, (k * math.log(self.prior) + n * seen) / (k + n)) if k + n else seen
+
+    def implausible(self, layout: str, estimate: Mapping[str, Any],
+                    history: Sequence[Seen]) -> str:
+        """Why a point of `layout` with screen `estimate` cannot plausibly meet the SLOs given
+        what `history` measured of the screen ('' when it can)."""
+        return self._implausible(layout, estimate, _Corrections(self, history))
 
     def decide(self, layout: str, estimate: Mapping[str, Any],
                history: Sequence[Seen]) -> Decision:
@@ -117,16 +183,18 @@ class Gate:
                      and not self._implausible(h.layout, h.screen, fix)]
             hope, number = max(hopes, default=(0.0, None))
             ref = max(best, hope)
-            if tput < ref * (1 - self.margin):
+            if tput < ref * min(1 - self.margin, math.exp(-fix.fit(THROUGHPUT, layout).over)):
                 what = "best simulated" if ref == best else "best screened"
                 return Decision(False, f"screen: throughput ~{tput:,.0f} tok/s/GPU < "
                                        f"{1 - self.margin:.0%} of the {what} {ref:,.0f}",
                                 None if ref == best else number)
             return Decision(True)
         user = fix.value(estimate, USER_SPEED, layout)
+        high_t = tput * max(1 + self.margin, math.exp(fix.fit(THROUGHPUT, layout).over))
+        high_u = user * max(1 + self.margin, math.exp(fix.fit(USER_SPEED, layout).over))
         for m in feasible:
             t, u = metric_value(m, THROUGHPUT) or 0.0, metric_value(m, USER_SPEED) or 0.0
-            if t >= tput * (1 + self.margin) and u >= user * (1 + self.margin):
+            if t >= high_t and u >= high_u:
                 return Decision(False, f"screen: dominated by a simulated plan ({t:,.0f} "
                                        f"tok/s/GPU, {u:,.0f} tok/s/user)")
         return Decision(True)
@@ -139,13 +207,32 @@ class Gate:
             if raw is None:
                 continue
             if slo.bound == "upper" and raw >= SATURATED_TTFT_MS:
-                return f"screen: {slo.metric} unbounded (capacity below the load)"
-            v = raw * fix.factor(slo.metric, layout)
-            if slo.bound == "upper" and v > slo.value * (1 + self.slack):
-                return f"screen: {slo.metric} ~{v:,.0f} > {slo.value:g} (SLO)"
-            if slo.bound == "lower" and v < slo.value * (1 - self.slack):
-                return f"screen: {slo.metric} ~{v:,.1f} < {slo.value:g} (SLO)"
+                if self._overloaded(layout, estimate, fix):
+                    return f"screen: {slo.metric} unbounded (capacity below the load)"
+                continue  # the capacity may be enough: only a simulation can tell the latency
+            fit = fix.fit(slo.metric, layout)
+            v = raw * fit.factor
+            if slo.bound == "upper":
+                limit = slo.value * max(1 + self.slack, math.exp(self.error(fit, "under")))
+                if v > limit:
+                    return (f"screen: {slo.metric} ~{v:,.0f} > {slo.value:g} (SLO) beyond "
+                            f"the screen's error ({limit:,.0f})")
+            else:
+                limit = slo.value * min(1 - self.slack, math.exp(-self.error(fit, "over")))
+                if v < limit:
+                    return (f"screen: {slo.metric} ~{v:,.1f} < {slo.value:g} (SLO) beyond "
+                            f"the screen's error ({limit:,.1f})")
         return ""
+
+    def _overloaded(self, layout: str, estimate: Mapping[str, Any], fix: _Corrections) -> bool:
+        """Whether an open-loop rate above the screen's capacity stays above it when the
+        capacity is raised by the throughput error (True when the estimate does not say the
+        offered rate)."""
+        offered, carried = estimate.get("offered_rate"), estimate.get("request_rate")
+        if not isinstance(offered, int | float) or not isinstance(carried, int | float):
+            return True
+        fit = fix.fit(THROUGHPUT, layout)
+        return carried * fit.factor * math.exp(self.error(fit, "over")) < offered
 
     def _twin(self, layout: str, estimate: Mapping[str, Any],
               history: Sequence[Seen]) -> int | None:
@@ -161,21 +248,21 @@ class Gate:
 
 
 class _Corrections:
-    """The gate's corrections for one decision, each computed once."""
+    """The gate's fits for one decision, each computed once."""
 
     def __init__(self, gate: Gate, history: Sequence[Seen]) -> None:
         self.gate, self.history = gate, history
-        self._cache: dict[tuple[str, str], float] = {}
+        self._cache: dict[tuple[str, str], Fit] = {}
 
-    def factor(self, metric: str, layout: str) -> float:
+    def fit(self, metric: str, layout: str) -> Fit:
         key = (metric, layout)
         if key not in self._cache:
-            self._cache[key] = self.gate.correction(metric, layout, self.history)
+            self._cache[key] = self.gate.fit(metric, layout, self.history)
         return self._cache[key]
 
     def value(self, estimate: Mapping[str, Any], metric: str, layout: str) -> float:
         """The corrected estimate of a metric (0 when absent)."""
-        return (metric_value(estimate, metric) or 0.0) * self.factor(metric, layout)
+        return (metric_value(estimate, metric) or 0.0) * self.fit(metric, layout).factor
 
 
 def _close(a: float | None, b: float | None, tol: float) -> bool:

@@ -11,6 +11,9 @@ Steady state: X requests/s. Decode holds X x output x TPOT requests (Little's la
 its ranks; TPOT is the step time at that batch over the tokens a step yields. Prefill serves
 X x uncached tokens/s against its capacity at full chunks, with an M/D/1 queueing delay. Closed
 loop: X solves users = X x (TTFT + output x TPOT + think time); open loop: X is the rate.
+Aggregated instances interleave short decode steps with long steps that carry a rank's prompt
+chunk, which every rank of the instance waits for (`_Aggregated`): the mean step, hence TPOT,
+is the mix of the two, and a prompt's TTFT is its own chunk steps.
 """
 
 from __future__ import annotations
@@ -122,23 +125,25 @@ class Screen:
         self._memo: dict[tuple[Any, ...], float] = {}
 
     def step_ms(self, inst: Instance, resolved: Resolved, decode: float, context: float,
-            prefill: float, cached: float) -> float:
-        """Step ms of `inst` with `decode` requests at `context` and `prefill` new tokens after
-        `cached` ones, on every rank (memoized)."""
+                prefill: float, cached: float, prefilling: int | None = None) -> float:
+        """Step ms of `inst` with `decode` requests at `context` on every rank and `prefill`
+        new tokens after `cached` ones on `prefilling` ranks (None: every rank; memoized)."""
+        ranks = inst.dp if prefilling is None else min(prefilling, inst.dp)
         key = (instance_key(inst), round(decode, 2), round(context), round(prefill),
-               round(cached))
+               round(cached), ranks)
         if key not in self._memo:
-            z = np.zeros(inst.dp)
+            on = np.arange(inst.dp) < ranks if prefill else np.zeros(inst.dp, dtype=bool)
             batch = Batch(np.full(inst.dp, decode), np.full(inst.dp, context),
-                          np.full(inst.dp, prefill), np.full(inst.dp, 1.0 if prefill else 0.0),
-                          np.full(inst.dp, cached) if prefill else z)
+                          np.where(on, prefill, 0.0), on.astype(float),
+                          np.where(on, cached, 0.0))
             self._memo[key] = step_time(inst, batch, resolved.calibration).total_ms
         return self._memo[key]
 
     def __call__(self, resolved: Resolved) -> dict[str, Any]:
         """The estimate: throughput_tok_s_gpu, output_tok_s_gpu, ttft_ms / tpot_ms / itl_ms /
         tok_s_user (every percentile set to the steady-state value), plus keeps_up (prefill
-        capacity covers the load), request_rate and decode_batch (per rank)."""
+        capacity covers the load), request_rate and decode_batch (per rank), and for open loop
+        offered_rate (the rate asked for; request_rate is at most the capacity)."""
         t, roles = self.traffic, resolved.roles
         model: _Model
         if "aggregated" in roles:
@@ -164,6 +169,7 @@ class Screen:
             "tok_s_user": {"p50": speed, "p90": speed, "mean": speed},
             "keeps_up": bool(model.prefill_load(x) < 1.0 and not saturated),
             "request_rate": x, "decode_batch": b,
+            **({} if t.rate is None else {"offered_rate": float(t.rate)}),
         }
 
 
@@ -288,14 +294,27 @@ class _Disaggregated(_Model):
 
 
 class _Aggregated(_Model):
-    """Mixed steps, priced as a decode step plus a prompt chunk minus the fixed overhead."""
+    """Mixed steps. A rank prefills a prompt in chunks of up to the room its decode batch
+    leaves in the token budget; a step that carries chunks is priced as a decode step plus
+    those chunks minus the fixed overhead, with as many ranks carrying one as on average do
+    (between one rank and all: the instance's ranks step in lockstep, so every rank's step
+    takes that long when any rank prefills). Steps are thus short decode steps and long chunk
+    steps, not a mean prompt share on every step. A chunk step follows a step during which a
+    prompt arrived: arrivals come in time (open loop, think time), so a long chunk step
+    gathers more of them and chunk steps cluster, or, in a closed loop without think time, as
+    requests finish, i.e. at the same mean per step. The share of chunk steps is the
+    stationary one of that two-state chain; a prompt longer than the room takes several
+    consecutive chunk steps."""
 
     def __init__(self, screen: Screen, resolved: Resolved) -> None:
         t, self.screen, self.resolved = screen.traffic, screen, resolved
         role = resolved.roles["aggregated"]
         inst = self.inst = role.instance
-        self.ranks = role.spec.instances * inst.dp
+        self.instances = role.spec.instances
+        self.ranks = self.instances * inst.dp
         self.output, self.accepted = t.output, _accepted(inst)
+        self.in_time = t.users is None or t.think_s > 0
+        """Whether prompts arrive at random times (else as requests finish, per step)."""
         self.cached = min(t.cached(self.ranks, role.spec.router_policy("aggregated")),
                           t.prompt)
         self.uncached = max(t.prompt - self.cached, 1.0)
@@ -306,28 +325,61 @@ class _Aggregated(_Model):
         self.bs = _grid(max(self.cap, 1.0), 1.0, 2.0)
         self.ts = np.array([screen.step_ms(inst, resolved, b, context, 0, 0) / 1e3
                             for b in self.bs])
-        self.ps = _grid(self.budget, 256.0, 4.0)
-        self.tp = np.array([screen.step_ms(inst, resolved, 0, 0, p, self.cached) / 1e3
-                            for p in self.ps])
+        self.ps = np.log(_grid(self.budget, 16.0, 4.0))
+        self.one, self.every = (
+            np.log([screen.step_ms(inst, resolved, 0, 0, p, self.cached, ranks) / 1e3
+                    for p in np.exp(self.ps)]) for ranks in (1, inst.dp))
         self.base_s = inst.step_overhead_ms / 1e3
         self.fixed_s = screen.overhead.api_overhead_ms / 1e3
+        self._states: dict[float, tuple[float, float, float]] = {}
 
-    def step_s(self, b: float, p: float) -> float:
-        """Mixed step seconds: b decode requests and p prompt tokens per rank."""
-        d = float(np.interp(b, self.bs, self.ts))
-        if p <= 0:
-            return d
-        lp = float(np.interp(math.log(max(p, 1.0)), np.log(self.ps), np.log(self.tp)))
-        return d + math.exp(lp) - self.base_s
+    def decode_s(self, b: float) -> float:
+        """Step seconds with b decode requests per rank and no prompt tokens."""
+        return float(np.interp(b, self.bs, self.ts))
+
+    def chunk_s(self, c: float, k: float) -> float:
+        """What chunks of c prompt tokens on k ranks at once add to a step (seconds; linear
+        in k between one rank and every rank)."""
+        if c <= 0:
+            return 0.0
+        lc = math.log(max(c, 1.0))
+        one = math.exp(float(np.interp(lc, self.ps, self.one)))
+        every = math.exp(float(np.interp(lc, self.ps, self.every)))
+        share = (k - 1) / (self.inst.dp - 1) if self.inst.dp > 1 else 1.0
+        return max(one + (every - one) * min(max(share, 0.0), 1.0) - self.base_s, 0.0)
+
+    def steps(self, x: float, b: float, mean_s: float) -> tuple[float, float, float]:
+        """(share of steps that carry chunks, ranks carrying one in such a step, mean step
+        seconds) at x requests/s with b decode requests per rank and mean step `mean_s`."""
+        rate = x / max(self.instances, 1)
+        d, room = self.decode_s(b), max(self._room(b), 1.0)
+        n, c = math.ceil(self.uncached / room), min(self.uncached, room)
+        k, busy, mean = 1.0, 0.0, d
+        for _ in range(4):  # the chunk's price depends on k, k on the chunk's length
+            run = n * (d + self.chunk_s(c, k))
+            after_d, after_c = (rate * d, rate * run) if self.in_time else (
+                rate * mean_s, rate * mean_s * n)
+            enter, stay = -math.expm1(-after_d), -math.expm1(-after_c)
+            if enter <= 0:
+                return 0.0, 1.0, d
+            runs = enter / (1 - stay + enter)
+            k = after_c + (1 - stay) * after_d / enter  # E[arrivals | some], either way
+            k = min(max(k, 1.0), float(self.inst.dp))
+            busy = runs * n / (1 - runs + runs * n)
+            mean = ((1 - runs) * d + runs * run) / (1 - runs + runs * n)
+        return busy, k, mean
 
     def _state(self, x: float) -> tuple[float, float, float]:
-        """(decode batch, prompt tokens per step, step s) per rank at x requests/s."""
-        b, p = 1.0, 0.0
-        for _ in range(12):
-            s = self.step_s(b, p)
-            b = min(max(x * self.output * s / self.accepted / self.ranks, 1.0), self.cap)
-            p = x * self.uncached * s / self.ranks
-        return b, p, self.step_s(b, p)
+        """(decode batch, prompt tokens per step, step s) per rank at x requests/s
+        (memoized: latency and load read it at the same rates)."""
+        if x not in self._states:
+            b, s = 1.0, self.decode_s(1.0)
+            for _ in range(12):
+                s = self.steps(x, b, s)[2]
+                b = min(max(x * self.output * s / self.accepted / self.ranks, 1.0), self.cap)
+            s = self.steps(x, b, s)[2]
+            self._states[x] = (b, x * self.uncached * s / self.ranks, s)
+        return self._states[x]
 
     def _room(self, b: float) -> float:
         return self.budget - b * (1 + self.inst.spec_tokens)
@@ -350,8 +402,20 @@ class _Aggregated(_Model):
         return p / room if room > 0 else math.inf
 
     def latency(self, x: float) -> tuple[float, float, float]:
+        """TTFT: the rest of the step in progress when prompts arrive in time (E[S^2] / 2E[S]:
+        a long chunk step is the likelier one to arrive in; none when they arrive as requests
+        finish, at a step's end), the M/D/1 wait for the prompts ahead, then the request's own
+        chunk steps, each a decode step plus the chunks of the ranks prefilling with it (not
+        the mean step, which is mostly decode)."""
         b, _p, s = self._state(x)
-        steps = math.ceil(self.uncached / max(self._room(b), 1.0))
+        busy, k, _mean = self.steps(x, b, s)
+        d, room = self.decode_s(b), max(self._room(b), 1.0)
+        n = math.ceil(self.uncached / room)
+        own = d + self.chunk_s(min(self.uncached, room), k)
+        residual = 0.0
+        if self.in_time and s > 0:
+            squares = (1 - busy) * d * d + busy * own * own
+            residual = squares / (2 * s)
         rho = min(self.prefill_load(x), 0.99)
-        wait = s * rho / (2 * (1 - rho))
-        return self.fixed_s + wait + steps * s, s / self.accepted, b
+        wait = own * rho / (2 * (1 - rho))
+        return self.fixed_s + residual + wait + n * own, s / self.accepted, b

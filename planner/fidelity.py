@@ -237,14 +237,18 @@ class Gate:
     def _twin(self, layout: str, estimate: Mapping[str, Any],
               history: Sequence[Seen]) -> int | None:
         """A simulated point of this layout whose screen estimate matches this one."""
-        keys = {THROUGHPUT, USER_SPEED, *(s.metric for s in self.slos)}
         for h in history:
             if h.screen is None or h.metrics is None or h.layout != layout:
                 continue
-            if all(_close(metric_value(estimate, k), metric_value(h.screen, k), self.same)
-                   for k in keys):
+            if self.same_estimate(estimate, h.screen):
                 return h.number
         return None
+
+    def same_estimate(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+        """Whether two screen estimates are the same point to the screen (within `same` on
+        throughput, median user speed and every SLO metric)."""
+        keys = {THROUGHPUT, USER_SPEED, *(s.metric for s in self.slos)}
+        return all(_close(metric_value(a, k), metric_value(b, k), self.same) for k in keys)
 
 
 class _Corrections:

@@ -374,6 +374,13 @@ class Loop:
             estimate = {**self._screen(deployment.disaggregated, overhead, load)(resolved),
                         "gpus": resolved.gpus}
             record["screen"] = estimate
+            same = next((p for p in pending if p.first is None and not p.record.get("curve")
+                         and p.record["layout"] == record["layout"] and p.record.get("screen")
+                         and self.gate.same_estimate(estimate, p.record["screen"])), None)
+            if same is not None:  # simulated in this round: one simulation teaches enough
+                return self._prune(trial, {**record, "stage": "screened_out",
+                                           "reason": f"screen: {TWIN} {same.trial.number}"},
+                                   violation(estimate, self.config.slos))
             waiting = [Seen(p.trial.number, p.record["layout"], p.record.get("screen"))
                        for p in pending]
             decision = self.gate.decide(record["layout"], estimate,

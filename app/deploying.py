@@ -11,7 +11,6 @@ piece is reported as `Unavailable` with a sentence, not a traceback.
 from __future__ import annotations
 
 import importlib
-import itertools
 import threading
 import time
 import urllib.error
@@ -125,15 +124,9 @@ def command_lines(target: str, rendered: Rendered) -> list[str]:
 
 def command_rows(rendered: Rendered) -> list[dict[str, Any]]:
     """One table row per process: its instance, role, host index, API port (heads only) and
-    the data-parallel ranks it runs."""
+    the data-parallel ranks it runs (1 without data parallelism)."""
     return [{"instance": p.instance, "role": p.role, "host": p.host, "port": p.port,
-             "ranks": _ranks_here(p.argv)} for p in rendered.processes]
-
-
-def _ranks_here(argv: tuple[str, ...]) -> int:
-    """Data-parallel ranks a process runs on its host (1 without data parallelism)."""
-    value = _flag(argv, "--data-parallel-size-local")
-    return int(value) if value is not None else 1
+             "ranks": p.dp.local if p.dp is not None else 1} for p in rendered.processes]
 
 
 def head_urls(rendered: Rendered) -> dict[str, str]:
@@ -141,17 +134,9 @@ def head_urls(rendered: Rendered) -> dict[str, str]:
     out: dict[str, str] = {}
     for p in rendered.processes:
         if p.port is not None:
-            host = _flag(p.argv, "--data-parallel-address") or LOCALHOST
+            host = (p.dp.address if p.dp is not None else None) or LOCALHOST
             out[p.instance] = f"http://{host}:{p.port}"
     return out
-
-
-def _flag(argv: tuple[str, ...], name: str) -> str | None:
-    """The value that follows `name` in a command, if it is there."""
-    for flag, value in itertools.pairwise(argv):
-        if flag == name:
-            return value
-    return None
 
 
 def router_url(rendered: Rendered) -> str:

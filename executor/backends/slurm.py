@@ -1,19 +1,28 @@
-"""Slurm: one sbatch job array per role, and a router job.
+"""Slurm: one sbatch job array per role; the router on the first instance's head node.
 
 Each role becomes `<role>.sbatch`: a job array with one task per instance, each task holding
 `--nodes` = hosts of one instance with one task and all GPUs per node. The task names its first
 node the head (`scontrol show hostnames`), records the instance's URL under endpoints/, and
 starts `<role>-node.sh` on every node with `srun`; that script picks the node's own command by
 `SLURM_NODEID` — node 0 the head's `vllm serve`, node k the headless one with its slice of
-data-parallel ranks — with the head's address and the node's own host name filled in.
-`router.sbatch` waits for every instance's URL, writes router.json and runs our P/D proxy,
-then records its own URL in router.url. The run directory must be on a file system that the
-login node and the compute nodes share, and `vllm` (or $VLLM) and rackplan's `python` (or
+data-parallel ranks — with the head's address and the node's own host name filled in. Commands
+and environments come from the launch records' fields (`shell_words`), never from a command
+line read back. A process that hands KV blocks over with NIXL (a P/D role on GPUs) also gets
+UCX's settings: `UCX_TLS` (RDMA between nodes, shared memory and CUDA IPC inside one, TCP as
+the fallback; $RACKPLAN_UCX_TLS replaces it) and `UCX_NET_DEVICES` ($RACKPLAN_UCX_NET_DEVICES,
+e.g. mlx5_0:1,mlx5_1:1; UCX's `all` when unset), and its NIXL side channel listens on the
+node's own host name.
+
+The first role's first array task (prefill-0, or aggregated-0) also runs `router.sh` on its
+head node, beside its engine: it waits for every instance's URL, writes router.json (with the
+plan's router policies), records its own URL in router.url and runs our P/D proxy; the task
+ends when either the engine or the router does. The run directory must be on a file system that
+the login node and the compute nodes share, and `vllm` (or $VLLM) and rackplan's `python` (or
 $PYTHON) must be on the nodes' PATH.
 
-`render` writes the scripts under <run_dir>/slurm/; `launch` submits them with sbatch (the
-router after the roles have started), `wait_ready` waits for router.url and one completion
-through it, `teardown` cancels the submitted jobs.
+`render` writes the scripts under <run_dir>/slurm/; `launch` submits the role scripts with
+sbatch, `wait_ready` waits for router.url and one completion through it, `teardown` cancels the
+submitted jobs.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -36,6 +46,15 @@ SCRIPT_DIR = "slurm"
 ENDPOINT_WAIT_S = 3600
 """How long the router job waits for the instances' URLs."""
 POLL_S = 5.0
+ROUTER_SCRIPT = "router.sh"
+"""The router's script, run by the first role's first array task on its head node."""
+UCX_TLS = "rc,sm,cuda_ipc,cuda_copy,tcp"
+"""UCX transports of a NIXL process unless $RACKPLAN_UCX_TLS says otherwise: RDMA between
+nodes, shared memory and CUDA IPC inside one, TCP as the fallback."""
+UCX_ENV = {"UCX_TLS": f"${{RACKPLAN_UCX_TLS:-{UCX_TLS}}}",
+           "UCX_NET_DEVICES": "${RACKPLAN_UCX_NET_DEVICES:-all}"}
+"""UCX's settings of a NIXL process, as shell expressions of the documented variables
+($RACKPLAN_UCX_NET_DEVICES names the NICs NIXL may use, e.g. mlx5_0:1,mlx5_1:1)."""
 
 
 class SlurmBackend(Backend):
@@ -63,10 +82,31 @@ class SlurmBackend(Backend):
 
     # --- scripts -------------------------------------------------------------------------
 
+    @property
+    def router_role(self) -> str:
+        """The role whose first instance's head node runs the router (the first role)."""
+        return self.layouts[0].role
+
     def role_script(self, layout: RoleLayout) -> str:
-        """The sbatch script of one role: a job array, one task per instance."""
+        """The sbatch script of one role: a job array, one task per instance; the router
+        role's task 0 also runs the router on its head node."""
         gpus = f"#SBATCH --gpus-per-node={layout.gpus_per_host}\n" if layout.gpus_per_host else ""
         node = f"{layout.role}-node.sh"
+        srun = (f"STEP=(srun --nodes={layout.hosts} --ntasks={layout.hosts} --ntasks-per-node=1 "
+                f'--kill-on-bad-exit=1 bash {node} "$HEAD")\n')
+        if layout.role == self.router_role:
+            start = ('if [[ "${SLURM_ARRAY_TASK_ID:-0}" == 0 ]]; then\n'
+                     "  # the router, on this head node beside its engine; the task ends with "
+                     "either\n"
+                     f"  bash {ROUTER_SCRIPT} > logs/router.out 2>&1 &\n"
+                     "  trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n"
+                     '  "${STEP[@]}" &\n'
+                     "  wait -n\n"
+                     "else\n"
+                     '  exec "${STEP[@]}"\n'
+                     "fi\n")
+        else:
+            start = 'exec "${STEP[@]}"\n'
         return (
             "#!/bin/bash\n"
             f"# rackplan {self.app}: {layout.instances} {layout.role} instance(s) of "
@@ -85,8 +125,7 @@ class SlurmBackend(Backend):
             "mkdir -p endpoints\n"
             f"printf 'http://%s:%s\\n' \"$HEAD\" {layout.port} > \"endpoints/$INSTANCE.url.tmp\"\n"
             'mv "endpoints/$INSTANCE.url.tmp" "endpoints/$INSTANCE.url"\n'
-            f"exec srun --nodes={layout.hosts} --ntasks={layout.hosts} --ntasks-per-node=1 "
-            f'--kill-on-bad-exit=1 bash {node} "$HEAD"\n')
+            f"{srun}{start}")
 
     def node_script(self, layout: RoleLayout) -> str:
         """The per-node script of one role: node k runs host k's command."""
@@ -109,8 +148,9 @@ class SlurmBackend(Backend):
         return "\n".join(lines) + "\n"
 
     def router_script(self) -> str:
-        """The router job: wait for every instance's URL, write router.json (with the plan's
-        router policies), run the proxy."""
+        """The router, run on the head node of the router role's first instance: wait for every
+        instance's URL, write router.json (with the plan's router policies), record its own
+        URL, run the proxy."""
         names = [f"{layout.role}-{i}" for layout in self.layouts
                  for i in range(layout.instances)]
         keys = [f'\\"{layout.role}_urls\\": [%s]' for layout in self.layouts] + [
@@ -121,13 +161,9 @@ class SlurmBackend(Backend):
                          for layout in self.layouts)
         return (
             "#!/bin/bash\n"
-            f"# rackplan {self.app}: the P/D router; starts once the instances have.\n"
-            f"#SBATCH --job-name={self.app}-router\n"
-            "#SBATCH --nodes=1\n"
-            "#SBATCH --ntasks=1\n"
-            "#SBATCH --output=logs/%x.out\n"
+            f"# rackplan {self.app}: the P/D router, started by {self.router_role}-0's batch "
+            "script on its head node.\n"
             "set -euo pipefail\n"
-            'cd "${SLURM_SUBMIT_DIR:-.}"\n'
             f"WAIT_S=${{RACKPLAN_ENDPOINT_WAIT_S:-{ENDPOINT_WAIT_S}}}\n"
             "SECONDS=0\n"
             f"for INSTANCE in {' '.join(names)}; do\n"
@@ -155,8 +191,8 @@ class SlurmBackend(Backend):
     # --- Backend -------------------------------------------------------------------------
 
     def render(self) -> list[Path]:
-        """<role>.sbatch and <role>-node.sh per role, and router.sbatch, under
-        <run_dir>/slurm/ (with its logs/ folder, which Slurm does not create)."""
+        """<role>.sbatch and <role>-node.sh per role, and router.sh, under <run_dir>/slurm/
+        (with its logs/ folder, which Slurm does not create)."""
         (self.folder / "logs").mkdir(parents=True, exist_ok=True)
         files = []
         for layout in self.layouts:
@@ -164,7 +200,7 @@ class SlurmBackend(Backend):
                                       self.role_script(layout), 0o755))
             files.append(write_atomic(self.folder / f"{layout.role}-node.sh",
                                       self.node_script(layout), 0o755))
-        files.append(write_atomic(self.folder / "router.sbatch", self.router_script(), 0o755))
+        files.append(write_atomic(self.folder / ROUTER_SCRIPT, self.router_script(), 0o755))
         return files
 
     def _sbatch(self, *args: str) -> str:
@@ -179,7 +215,7 @@ class SlurmBackend(Backend):
         return run.stdout.strip().split(";")[0]
 
     def launch(self) -> None:
-        """Submit every role's job array, then the router once they have started."""
+        """Submit every role's job array (the router starts inside the first)."""
         if shutil.which("sbatch") is None:
             raise LaunchError("sbatch not found on PATH; use --dry-run to write the batch "
                               f"scripts to {self.folder}")
@@ -188,9 +224,6 @@ class SlurmBackend(Backend):
             stale.unlink(missing_ok=True)
         for layout in self.layouts:
             self.jobs.append((layout.role, self._sbatch(f"{layout.role}.sbatch")))
-        after = ":".join(job for _, job in self.jobs)
-        self.jobs.append(("router", self._sbatch(f"--dependency=after:{after}",
-                                                  "router.sbatch")))
         write_atomic(self.folder / "jobs.json", json.dumps(dict(self.jobs), indent=2) + "\n")
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -231,10 +264,27 @@ class SlurmBackend(Backend):
                            timeout=60, check=False)
 
 
+def uses_nixl(proc: LaunchRecord) -> bool:
+    """Whether the process hands KV blocks over with NIXL: its --kv-transfer-config names
+    NixlConnector, alone or among a MultiConnector's connectors."""
+    config = proc.value("--kv-transfer-config")
+    if not isinstance(config, Mapping):
+        return False
+    extra = config.get("kv_connector_extra_config")
+    inner = extra.get("connectors") if isinstance(extra, Mapping) else None
+    configs = [config, *(inner if isinstance(inner, list) else [])]
+    return any(isinstance(c, Mapping) and c.get("kv_connector") == "NixlConnector"
+               for c in configs)
+
+
 def _env_lines(proc: LaunchRecord) -> list[str]:
-    """NAME=value assignments of a process's environment; its own host name from $SELF."""
-    return [f'{key}="$SELF"' if key in HOST_ENV else f"{key}={shlex.quote(value)}"
-            for key, value in sorted(proc.env.items())]
+    """NAME=value assignments of a process's environment: its own host name from $SELF, and
+    UCX's settings for a NIXL process (UCX_ENV) unless the record gives them."""
+    lines = [f'{key}="$SELF"' if key in HOST_ENV else f"{key}={shlex.quote(value)}"
+             for key, value in sorted(proc.env.items())]
+    if uses_nixl(proc):
+        lines += [f'{key}="{expr}"' for key, expr in UCX_ENV.items() if key not in proc.env]
+    return lines
 
 
 def _command(proc: LaunchRecord) -> list[str]:

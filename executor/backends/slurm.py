@@ -44,7 +44,7 @@ from executor.records import LaunchRecord, Rendered
 SCRIPT_DIR = "slurm"
 """Folder under the run directory that holds the scripts; jobs run in it."""
 ENDPOINT_WAIT_S = 3600
-"""How long the router job waits for the instances' URLs."""
+"""How long the router waits for the instances' URLs ($RACKPLAN_ENDPOINT_WAIT_S overrides it)."""
 POLL_S = 5.0
 ROUTER_SCRIPT = "router.sh"
 """The router's script, run by the first role's first array task on its head node."""
@@ -76,7 +76,7 @@ class SlurmBackend(Backend):
 
     @property
     def url(self) -> str | None:
-        """The router's URL once its job has written it, else None."""
+        """The router's URL once it has written it, else None."""
         path = self.folder / "router.url"
         return path.read_text(encoding="utf-8").strip() if path.is_file() else None
 

@@ -8,6 +8,11 @@ the report's notes. The benchmark's JSON (--save-result) is read back and set be
 predicted TTFT, TPOT and ITL percentiles and the output and total throughputs, each with its
 relative error (measured - predicted) / predicted. report.json and report.md go into the run
 directory.
+
+`bench_command` is the one place the benchmark's arguments are written: `run_bench` runs it
+here, executor/benchjob.py puts it in a Kubernetes Job. `compare_file` compares a result
+measured elsewhere (such a Job's, `rackplan bench PLAN --from-file RESULT.json`) through the
+same comparison.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import os
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,10 @@ from simulator.specs.workload import (
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl")
 RESULT_FILE = "bench.json"
+
+
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+"""--percentile-metrics: the latencies the result gives percentiles of."""
 
 
 class BenchError(LaunchError):
@@ -164,14 +173,20 @@ class Report:
 
     plan: str
     url: str
+    """The endpoint measured ("" when the result file does not say)."""
     gpus: int
-    settings: BenchSettings
+    settings: BenchSettings | None
+    """The benchmark settings of the plan's workload; None for a result file measured with
+    a workload they cannot describe."""
     command: tuple[str, ...]
+    """The benchmark command run here; empty for a result measured elsewhere."""
     rows: tuple[Comparison, ...]
     measured: dict[str, Any] = field(default_factory=dict)
     """The benchmark's own summary figures (counts, duration, means)."""
     paths: tuple[Path, ...] = ()
     """Files written: report.json and report.md."""
+    result_file: str | None = None
+    """The result file compared, for a result measured elsewhere (--from-file)."""
 
     def row(self, metric: str) -> Comparison:
         """The comparison of one metric; KeyError naming it when absent."""
@@ -182,10 +197,13 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """report.json."""
+        s = self.settings
         return {
             "plan": self.plan, "url": self.url, "gpus": self.gpus,
-            "settings": {k: v for k, v in self.settings.__dict__.items() if k != "notes"},
-            "notes": list(self.settings.notes), "command": list(self.command),
+            "settings": None if s is None else {k: v for k, v in s.__dict__.items()
+                                                if k != "notes"},
+            "notes": [] if s is None else list(s.notes), "command": list(self.command),
+            "result_file": self.result_file,
             "comparison": [{"metric": r.metric, "predicted": r.predicted,
                             "measured": r.measured, "rel_error": r.rel_error}
                            for r in self.rows],
@@ -206,16 +224,19 @@ class Report:
     def to_markdown(self) -> str:
         """report.md: a table of predicted vs measured with relative errors."""
         s = self.settings
-        arrival = (f"closed loop, concurrency {s.max_concurrency}" if s.request_rate is None
-                   else f"{s.request_rate:g} req/s (burstiness {s.burstiness:g})")
         lines = [f"# Predicted vs measured: {self.plan}", "",
-                 f"- endpoint: {self.url} ({self.gpus} GPUs)",
-                 f"- traffic: {s.num_prompts} prompts, input {s.prefix_len + s.input_len} "
-                 f"tokens, output {s.output_len} tokens, {arrival}",
-                 f"- completed: {self.measured.get('completed')}, failed: "
-                 f"{self.measured.get('failed')}, duration: "
-                 f"{_num(self.measured.get('duration_s'), '.2f')} s"]
-        lines += [f"- note: {n}" for n in s.notes]
+                 f"- endpoint: {self.url or 'not named'} ({self.gpus} GPUs)"]
+        if self.result_file is not None:
+            lines.append(f"- result: {self.result_file}, measured elsewhere")
+        if s is not None:
+            arrival = (f"closed loop, concurrency {s.max_concurrency}" if s.request_rate is None
+                       else f"{s.request_rate:g} req/s (burstiness {s.burstiness:g})")
+            lines.append(f"- traffic: {s.num_prompts} prompts, input {s.prefix_len + s.input_len}"
+                         f" tokens, output {s.output_len} tokens, {arrival}")
+        lines.append(f"- completed: {self.measured.get('completed')}, failed: "
+                     f"{self.measured.get('failed')}, duration: "
+                     f"{_num(self.measured.get('duration_s'), '.2f')} s")
+        lines += [f"- note: {n}" for n in (s.notes if s is not None else ())]
         lines += ["", "| metric | predicted | measured | error |", "|---|---:|---:|---:|"]
         for r in self.rows:
             err = "" if r.rel_error is None else f"{r.rel_error:+.1%}"
@@ -281,6 +302,23 @@ def load_prediction(plan_path: Path, repredict: bool = False) -> tuple[
     return deployment, workload, predicted
 
 
+def bench_command(settings: BenchSettings, url: str, model: str, result_dir: str, *,
+                  tokenizer: str | None = None, result_file: str = RESULT_FILE,
+                  exe: str = "vllm", detailed: bool = False) -> list[str]:
+    """`vllm bench serve` against `url` (the router) with `settings`, saving its JSON as
+    `result_dir`/`result_file`: the one place the benchmark's arguments are written (run_bench
+    runs them here, executor/benchjob.py in a Kubernetes Job). `exe` is the vllm executable;
+    `tokenizer` defaults to `model`; `detailed` also saves every request's timings."""
+    return [exe, "bench", "serve", "--backend", "vllm", "--base-url", url.rstrip("/"),
+            "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", tokenizer or model, *settings.args(), "--ignore-eos",
+            "--percentile-metrics", ",".join(PERCENTILE_METRICS),
+            "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
+            "--save-result", "--result-dir", result_dir,
+            "--result-filename", result_file, "--disable-tqdm",
+            *(["--save-detailed"] if detailed else [])]
+
+
 def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
               vllm: str | Path | None = None, model: str | None = None,
               tokenizer: str | None = None, num_prompts: int | None = None,
@@ -304,14 +342,8 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     result_path = run_dir / RESULT_FILE
     result_path.unlink(missing_ok=True)
-    command = [str(exe), "bench", "serve", "--backend", "vllm", "--base-url", url,
-               "--endpoint", "/v1/completions", "--model", model,
-               "--tokenizer", tokenizer or model, *settings.args(), "--ignore-eos",
-               "--percentile-metrics", "ttft,tpot,itl,e2el",
-               "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
-               "--save-result", "--result-dir", str(run_dir.resolve()),
-               "--result-filename", RESULT_FILE, "--disable-tqdm",
-               *(["--save-detailed"] if detailed else [])]
+    command = bench_command(settings, url, model, str(run_dir.resolve()), tokenizer=tokenizer,
+                            exe=str(exe), detailed=detailed)
     log = run_dir / "logs" / "bench.log"
     start = time.monotonic()
     with open(log, "wb") as out:
@@ -326,18 +358,73 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
         raise BenchError(_with_tail(f"vllm bench serve exited with code {proc.returncode} "
                                     f"after {time.monotonic() - start:.0f} s", log))
     result = json.loads(result_path.read_text())
-    gpus = deployment.gpus_used
-    summary = {"completed": result.get("completed"), "failed": result.get("failed"),
-               "duration_s": result.get("duration"),
-               "request_throughput": result.get("request_throughput"),
-               "total_input_tokens": result.get("total_input_tokens"),
-               "total_output_tokens": result.get("total_output_tokens"),
-               **{f"mean_{m}_ms": result.get(f"mean_{m}_ms") for m in (*LATENCIES, "e2el")}}
-    report = Report(plan=str(plan_path), url=url, gpus=gpus, settings=settings,
-                    command=tuple(command), rows=compare(predicted, result, gpus),
-                    measured=summary, paths=(run_dir / "report.json", run_dir / "report.md"))
-    write_atomic(report.paths[0], json.dumps(report.to_dict(), indent=2) + "\n")
-    write_atomic(report.paths[1], report.to_markdown())
+    return _write_report(Report(
+        plan=str(plan_path), url=url, gpus=deployment.gpus_used, settings=settings,
+        command=tuple(command), rows=compare(predicted, result, deployment.gpus_used),
+        measured=_summary(result)), run_dir)
+
+
+def compare_file(plan_path: str | Path, result_path: str | Path, run_dir: str | Path, *,
+                 repredict: bool = False) -> Report:
+    """Compare a result measured elsewhere (`vllm bench serve --save-result` JSON, e.g. the
+    one a bench Job saved) with the plan's prediction, and write report.json and report.md
+    into `run_dir`; nothing is run. SpecError, in one sentence, for a file that is missing,
+    not JSON, or holds no benchmark result."""
+    plan_path, result_path, run_dir = Path(plan_path), Path(result_path), Path(run_dir)
+    result = read_result(result_path)
+    deployment, workload, predicted = load_prediction(plan_path, repredict)
+    prompts = result.get("num_prompts")
+    try:  # the result's own prompt count, when it says (a note if it is not the plan's)
+        settings: BenchSettings | None = bench_settings(
+            workload, prompts if isinstance(prompts, int) and prompts >= 1 else None)
+    except SpecError:  # measured with a workload vllm bench serve cannot describe
+        settings = None
+    url = result.get("base_url")
+    return _write_report(Report(
+        plan=str(plan_path), url=url if isinstance(url, str) else "", gpus=deployment.gpus_used,
+        settings=settings, command=(), rows=compare(predicted, result, deployment.gpus_used),
+        measured=_summary(result), result_file=str(result_path)), run_dir)
+
+
+RESULT_KEYS = ("completed", "duration", *(f"{s}_{m}_ms" for m in LATENCIES
+                                           for s in ("median", "p50", "p90", "p99")))
+"""Keys a benchmark result gives; a file with none of them is not one."""
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """A `vllm bench serve --save-result` JSON; SpecError naming the file when it is missing,
+    not JSON, or holds no benchmark result."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"result file {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"result file {path} cannot be read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"result file {path} is not JSON ({exc.msg} at line {exc.lineno})") \
+            from None
+    if not isinstance(data, dict) or not any(k in data for k in RESULT_KEYS):
+        raise SpecError(f"result file {path} holds no benchmark result; expected the JSON of "
+                        "`vllm bench serve --save-result` (completed, p90_ttft_ms, ...)")
+    return data
+
+
+def _summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's own summary figures, for the report."""
+    return {"completed": result.get("completed"), "failed": result.get("failed"),
+            "duration_s": result.get("duration"),
+            "request_throughput": result.get("request_throughput"),
+            "total_input_tokens": result.get("total_input_tokens"),
+            "total_output_tokens": result.get("total_output_tokens"),
+            **{f"mean_{m}_ms": result.get(f"mean_{m}_ms") for m in PERCENTILE_METRICS}}
+
+
+def _write_report(report: Report, run_dir: Path) -> Report:
+    """Write report.json and report.md into `run_dir`; the report with their paths."""
+    paths = (run_dir / "report.json", run_dir / "report.md")
+    report = replace(report, paths=paths)
+    write_atomic(paths[0], json.dumps(report.to_dict(), indent=2) + "\n")
+    write_atomic(paths[1], report.to_markdown())
     return report
 
 

@@ -57,8 +57,12 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("bench", help="measure a running deployment and compare with the plan")
     p.add_argument("plan", help="plan.yaml (its workload and predicted metrics)")
-    p.add_argument("--url", help="the deployment's router (default: the local router, "
-                                 "http://127.0.0.1:<router port>)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--url", help="the deployment's router (default: the local router, "
+                                      "http://127.0.0.1:<router port>)")
+    source.add_argument("--from-file", metavar="RESULT.json",
+                        help="compare a result measured elsewhere (`vllm bench serve "
+                             "--save-result` JSON, e.g. a bench Job's) instead of running one")
     p.add_argument("--out", metavar="DIR",
                    help="where the report goes (default runs/bench-<plan name>)")
     p.add_argument("--calibration", metavar="DIR",
@@ -182,16 +186,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from executor.backends.local import render_local
 
     deployment = _load(args.plan)
-    url = args.url or f"http://127.0.0.1:{render_local(deployment).router['port']}"
     run_dir = Path(args.out or Path("runs") / f"bench-{Path(args.plan).stem}")
-    from executor.bench import run_bench
+    repredict = args.calibration is not None
+    if args.from_file:  # measured elsewhere: compare only, run nothing
+        from executor.bench import compare_file
 
-    try:
-        report = run_bench(Path(args.plan), url, run_dir,
-                           repredict=args.calibration is not None)
-    except LaunchError as e:  # bench's BenchError among them
-        print(f"rackplan: error: {e}", file=sys.stderr)
-        return EXIT_LAUNCH_FAILED
+        report = compare_file(Path(args.plan), Path(args.from_file), run_dir,
+                              repredict=repredict)
+    else:
+        url = args.url or f"http://127.0.0.1:{render_local(deployment).router['port']}"
+        from executor.bench import run_bench
+
+        try:
+            report = run_bench(Path(args.plan), url, run_dir, repredict=repredict)
+        except LaunchError as e:  # bench's BenchError among them
+            print(f"rackplan: error: {e}", file=sys.stderr)
+            return EXIT_LAUNCH_FAILED
     source = (f"simulated now with the tables in {args.calibration}" if args.calibration
               else "the plan's own")
     print(f"prediction: {source}")

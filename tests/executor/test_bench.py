@@ -1,5 +1,6 @@
 """executor/bench: the plan's workload as `vllm bench serve` arguments, and the report
-comparing its result with the prediction (the benchmark itself faked here)."""
+comparing its result with the prediction (the benchmark itself faked here), also for a result
+file measured elsewhere (`rackplan bench PLAN --from-file RESULT.json`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from executor.bench import BenchError, Comparison, bench_settings, compare, run_bench
+from executor.bench import (
+    BenchError,
+    Comparison,
+    bench_command,
+    bench_settings,
+    compare,
+    compare_file,
+    run_bench,
+)
+from planner.cli import main
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_workload
 from tests.executor.fake_vllm import BENCH_RESULT
@@ -164,3 +174,84 @@ def test_repredict_simulates_the_plan_with_the_active_tables(tmp_path):
                       model="m", repredict=True)
     got = fresh.row("ttft_ms.p90").predicted
     assert got is not None and got < 1e6
+
+
+def test_run_bench_runs_the_one_bench_command(tmp_path):
+    run_dir = tmp_path / "run"
+    report = run_bench(TINY_PD, "http://127.0.0.1:9/", run_dir, vllm=fake_vllm(tmp_path),
+                       model="/models/tiny-moe", num_prompts=4)
+    workload = load_workload(yaml.safe_load(TINY_PD.read_text())["workload"])
+    command = bench_command(bench_settings(workload, 4), "http://127.0.0.1:9/",
+                            "/models/tiny-moe", str(run_dir.resolve()),
+                            exe=str(fake_vllm(tmp_path)))
+    assert list(report.command) == command
+    assert command[1:3] == ["bench", "serve"] and arg(command, "--base-url") == \
+        "http://127.0.0.1:9"
+    assert arg(command, "--result-filename") == "bench.json"
+    log = (run_dir / "logs" / "bench.log").read_text()
+    assert log.splitlines()[0] == "fake vllm bench " + " ".join(command[3:])
+
+
+def write_result(path: Path, **changes: object) -> Path:
+    path.write_text(json.dumps({**BENCH_RESULT, **changes}))
+    return path
+
+
+def test_a_result_file_is_compared_like_a_run_and_nothing_runs(tmp_path):
+    result = write_result(tmp_path / "result.json", num_prompts=8)
+    ran = run_bench(TINY_PD, "http://127.0.0.1:9", tmp_path / "ran", vllm=fake_vllm(tmp_path),
+                    model="m")
+    report = compare_file(TINY_PD, result, tmp_path / "file")
+    assert report.rows == ran.rows and report.measured == ran.measured
+    assert report.command == () and report.result_file == str(result)
+    saved = json.loads((tmp_path / "file" / "report.json").read_text())
+    assert saved["result_file"] == str(result) and saved["notes"] == []
+    assert saved["comparison"] == json.loads((tmp_path / "ran" / "report.json").read_text()
+                                             )["comparison"]
+    assert f"- result: {result}, measured elsewhere" in (tmp_path / "file" / "report.md"
+                                                         ).read_text()
+    assert not (tmp_path / "file" / "logs").exists()
+    fewer = compare_file(TINY_PD, write_result(tmp_path / "r4.json", num_prompts=4),
+                         tmp_path / "four")
+    assert fewer.settings is not None
+    assert fewer.settings.notes == ("4 prompts instead of the plan's 8",)
+
+
+def test_a_result_for_a_workload_bench_serve_cannot_describe_is_still_compared(tmp_path):
+    plan = yaml.safe_load(TINY_PD.read_text())
+    plan["workload"]["arrival"] = {"kind": "trace", "path": "t.jsonl"}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    report = compare_file(path, write_result(tmp_path / "r.json"), tmp_path / "out")
+    assert report.settings is None and report.row("ttft_ms.p90").measured == 150.0
+    assert "- traffic" not in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_bench_from_file_prints_the_comparison_and_writes_the_reports(tmp_path, capsys):
+    result = write_result(tmp_path / "result.json")
+    out = tmp_path / "out"
+    assert main(["bench", str(TINY_PD), "--from-file", str(result), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "prediction: the plan's own"
+    assert lines[1].split() == ["metric", "predicted", "measured", "error"]
+    assert lines[-2:] == [f"report: {out / 'report.json'}", f"report: {out / 'report.md'}"]
+    assert (out / "report.json").is_file() and (out / "report.md").is_file()
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (None, "result.json: no such file"),
+    ("{not json", "result.json is not JSON (Expecting property name"),
+    ('{"model_id": "m"}', "result.json holds no benchmark result; expected the JSON of "
+                          "`vllm bench serve --save-result`"),
+    ("[1, 2]", "holds no benchmark result"),
+])
+def test_a_bad_result_file_is_one_line_and_exit_2(tmp_path, capsys, content, needle):
+    result = tmp_path / "result.json"
+    if content is not None:
+        result.write_text(content)
+    out = tmp_path / "out"
+    assert main(["bench", str(TINY_PD), "--from-file", str(result), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("rackplan: error: result file ") and needle in captured.err
+    assert not out.exists()

@@ -6,9 +6,12 @@ deploy renders the plan's deployment as typed launch records for the engine it n
 engine rackplan does not deploy is refused by name), checks them against vLLM's rules (and, with
 --check-flags, their command lines with vLLM's own parser), then hands them to a backend: with
 --dry-run it prints what the backend says (`local`: each process's command line;
-`kubernetes`/`slurm`: the files written); without it the backend launches, waits until every
-instance answers, prints the router's URL and — for a foreground target (`local`) — serves until
-Ctrl-C, then tears down. Every target-specific step is the backend's own (executor/backends/).
+`kubernetes`/`slurm`: the files written); a target's own flags (kubernetes: --flavor, --name,
+--routing, --image, --router-image, --model-volume, --hf-token-secret, --namespace) go to its
+backend, and a flag the target does not take is refused; without it the backend launches, waits
+until every instance answers, prints the router's URL and — for a foreground target (`local`) —
+serves until Ctrl-C, then tears down. Every target-specific step is the backend's own
+(executor/backends/).
 """
 
 from __future__ import annotations
@@ -53,6 +56,27 @@ def register(sub: Any) -> None:
     p.add_argument("--check-flags", action="store_true",
                    help="also parse every process's flags with vLLM's own parser (in "
                         ".venv-engine; skipped with a note when it is absent)")
+    k8s = p.add_argument_group("kubernetes target")
+    k8s.add_argument("--flavor", metavar="FLAVOR",
+                     help="whose objects the deployment becomes: llm-d (default; a "
+                          "LeaderWorkerSet per role)")
+    k8s.add_argument("--name", metavar="NAME",
+                     help="prefix of every object's name (default: the plan's file name)")
+    k8s.add_argument("--routing", metavar="ROUTING",
+                     help="router (default: our P/D router) or epp (llm-d's InferencePool and "
+                          "endpoint picker)")
+    k8s.add_argument("--image", metavar="IMAGE", help="the engine pods' image (default "
+                                                      "vllm/vllm-openai:v0.32.0)")
+    k8s.add_argument("--router-image", metavar="IMAGE",
+                     help="our router's image, as `make router-image` builds and you push it "
+                          "(default rackplan-router:0.1.0)")
+    k8s.add_argument("--model-volume", metavar="pvc:CLAIM|host:/PATH",
+                     help="the volume mounted at /models that holds the Hugging Face cache and "
+                          "any model folder (default pvc:hf-cache)")
+    k8s.add_argument("--hf-token-secret", metavar="SECRET",
+                     help="the Secret whose HF_TOKEN key the pods read (default hf-token; "
+                          "optional)")
+    k8s.add_argument("--namespace", metavar="NS", help="namespace (default: kubectl's current)")
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("bench", help="measure a running deployment and compare with the plan")
@@ -128,6 +152,25 @@ def local_command_lines(backend: Backend) -> list[str]:
     return backend.dry_run_lines()
 
 
+TARGET_FLAGS = ("flavor", "name", "routing", "image", "router_image", "model_volume",
+                "hf_token_secret", "namespace")
+"""Deploy flags a target takes when its class lists them in `deploy_options`."""
+
+
+def target_options(target: type[Backend], args: argparse.Namespace) -> dict[str, str]:
+    """The target's own flags that were given (the name defaults to the plan's file name);
+    SpecError for a flag the target does not take."""
+    takes = getattr(target, "deploy_options", ())
+    given = {key: getattr(args, key) for key in TARGET_FLAGS if getattr(args, key) is not None}
+    for key in given:
+        if key not in takes:
+            raise SpecError(f"--{key.replace('_', '-')} is not an option of --target "
+                            f"{target.name}; it is one of --target kubernetes")
+    if "name" in takes and "name" not in given:
+        given["name"] = Path(args.plan).stem
+    return given
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     target = backend_class(args.target)
     if not args.timeout > 0:
@@ -144,9 +187,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     except LaunchError as e:
         print(f"rackplan: error: {e}", file=sys.stderr)
         return EXIT_LAUNCH_FAILED
+    options = target_options(target, args)
     rendered = render_for(args.target, deployment, model)
     check_flags(deployment, rendered, args.check_flags)
-    backend = get_backend(args.target, rendered, run_dir)
+    backend = get_backend(args.target, rendered, run_dir, **options)
     if args.dry_run:
         for line in backend.dry_run_lines():
             print(line)

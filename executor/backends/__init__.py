@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 from executor.backends.base import Backend, LaunchError
 from executor.records import Rendered
@@ -26,9 +27,12 @@ def backend_class(target: str) -> type[Backend]:
     return backend
 
 
-def get_backend(target: str, rendered: Rendered, run_dir: Path) -> Backend:
-    """The backend for `target`, bound to a rendered deployment and its run directory."""
-    return backend_class(target)(rendered, run_dir)
+def get_backend(target: str, rendered: Rendered, run_dir: Path, **options: str) -> Backend:
+    """The backend for `target`, bound to a rendered deployment and its run directory, with
+    the target's own options (the kubernetes target's flavor, name, images...)."""
+    cls: Any = backend_class(target)  # a target that takes options lists them
+    backend: Backend = cls(rendered, run_dir, **options)
+    return backend
 
 
 __all__ = ["BACKENDS", "Backend", "LaunchError", "backend_class", "get_backend"]

@@ -68,7 +68,7 @@ def test_local_dry_run_serves_the_built_tiny_moe_model_unless_told_otherwise(tmp
             for ln in r.stdout.splitlines()] == ["/srv/tiny", "/srv/tiny"]
 
 
-@pytest.mark.parametrize(("target", "count", "folder"), [("kubernetes", 7, "kubernetes"),
+@pytest.mark.parametrize(("target", "count", "folder"), [("kubernetes", 8, "kubernetes"),
                                                          ("slurm", 5, "slurm")])
 def test_cluster_dry_run_writes_the_files_and_prints_their_paths(tmp_path, target, count,
                                                                 folder):
@@ -130,9 +130,9 @@ def test_kubernetes_launch_applies_waits_and_prints_the_router(tmp_path, monkeyp
     use_path(monkeypatch, tmp_path / "bin")
     assert main(["deploy", str(PD), "--target", "kubernetes", "--out",
                  str(tmp_path / "deploy-dsv3"), "--timeout", "60"]) == 0
-    assert capsys.readouterr().out == "router: http://dsv3-router:8099\n"
+    assert capsys.readouterr().out == "router: http://deepseek-v3-h200-pd-router:8099\n"
     verbs = [line.split()[1] for line in calls(log)]
-    assert verbs == ["apply", "wait", "wait", "rollout", "exec"]  # left running, not deleted
+    assert verbs == ["apply", "wait", "wait", "wait", "exec"]  # left running, not deleted
 
 
 def test_a_failed_launch_tears_down_and_says_why_in_one_line(tmp_path, monkeypatch, capsys):
@@ -145,8 +145,8 @@ def test_a_failed_launch_tears_down_and_says_why_in_one_line(tmp_path, monkeypat
     assert main(["deploy", str(PD), "--target", "kubernetes", "--out",
                  str(tmp_path / "run"), "--timeout", "5"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["rackplan: error: prefill instances (run-prefill) were not available within "
-                   "5 s: error: timed out"]
+    assert err == ["rackplan: error: prefill instances (deepseek-v3-h200-pd-prefill) were not "
+                   "available within 5 s: error: timed out"]
     assert calls(log)[-1].startswith("kubectl delete --ignore-not-found")
 
 
@@ -155,7 +155,7 @@ def mock_backends(monkeypatch, **options) -> list[MockBackend]:
     the ones it built."""
     built: list[MockBackend] = []
 
-    def get_backend(target, rendered, run_dir):
+    def get_backend(target, rendered, run_dir, **_):
         built.append(MockBackend(rendered, run_dir, **options))
         return built[-1]
 

@@ -51,3 +51,11 @@ test: $(STAMP) engine browser postgres
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV)
+
+# The router's image (Dockerfile.router), which `rackplan deploy --target kubernetes` runs in
+# front of the engine pods; push it where the cluster pulls from and pass --router-image.
+ROUTER_IMAGE ?= rackplan-router:0.1.0
+
+.PHONY: router-image
+router-image:
+	docker build -f Dockerfile.router -t $(ROUTER_IMAGE) .

@@ -12,7 +12,8 @@ directory.
 `bench_command` is the one place the benchmark's arguments are written: `run_bench` runs it
 here, executor/benchjob.py puts it in a Kubernetes Job. `compare_file` compares a result
 measured elsewhere (such a Job's, `rackplan bench PLAN --from-file RESULT.json`) through the
-same comparison.
+same comparison; it also reads aiperf's summary (profile_export_aiperf.json, what the AgentX
+harness writes), its TTFT, TPOT and end-to-end percentiles and throughputs.
 """
 
 from __future__ import annotations
@@ -367,9 +368,9 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
 def compare_file(plan_path: str | Path, result_path: str | Path, run_dir: str | Path, *,
                  repredict: bool = False) -> Report:
     """Compare a result measured elsewhere (`vllm bench serve --save-result` JSON, e.g. the
-    one a bench Job saved) with the plan's prediction, and write report.json and report.md
-    into `run_dir`; nothing is run. SpecError, in one sentence, for a file that is missing,
-    not JSON, or holds no benchmark result."""
+    one a bench Job saved, or aiperf's profile_export_aiperf.json) with the plan's prediction,
+    and write report.json and report.md into `run_dir`; nothing is run. SpecError, in one
+    sentence, for a file that is missing, not JSON, or holds no benchmark result."""
     plan_path, result_path, run_dir = Path(plan_path), Path(result_path), Path(run_dir)
     result = read_result(result_path)
     deployment, workload, predicted = load_prediction(plan_path, repredict)
@@ -389,11 +390,23 @@ def compare_file(plan_path: str | Path, result_path: str | Path, run_dir: str | 
 RESULT_KEYS = ("completed", "duration", *(f"{s}_{m}_ms" for m in LATENCIES
                                            for s in ("median", "p50", "p90", "p99")))
 """Keys a benchmark result gives; a file with none of them is not one."""
+AIPERF_LATENCIES = {"time_to_first_token": "ttft", "inter_token_latency": "tpot",
+                    "request_latency": "e2el"}
+"""aiperf's per-request latencies -> vLLM's names. aiperf's inter-token latency is each
+request's (latency - TTFT) / (output tokens - 1), vLLM's TPOT; it gives no percentiles over
+single gaps, so a result from aiperf has no ITL."""
+AIPERF_SCALARS = {"request_count": "completed", "error_request_count": "failed",
+                  "benchmark_duration": "duration", "request_throughput": "request_throughput",
+                  "output_token_throughput": "output_throughput",
+                  "total_token_throughput": "total_token_throughput"}
+"""aiperf's aggregate metrics (their `avg`) -> vLLM's result keys."""
+TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3}
 
 
 def read_result(path: Path) -> dict[str, Any]:
-    """A `vllm bench serve --save-result` JSON; SpecError naming the file when it is missing,
-    not JSON, or holds no benchmark result."""
+    """A benchmark result with vLLM's keys: `vllm bench serve --save-result` JSON as it is,
+    or aiperf's profile_export_aiperf.json translated (`aiperf_result`); SpecError naming the
+    file when it is missing, not JSON, or holds no benchmark result."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -403,10 +416,34 @@ def read_result(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise SpecError(f"result file {path} is not JSON ({exc.msg} at line {exc.lineno})") \
             from None
+    if isinstance(data, dict) and isinstance(data.get("time_to_first_token"), dict):
+        data = aiperf_result(data)
     if not isinstance(data, dict) or not any(k in data for k in RESULT_KEYS):
         raise SpecError(f"result file {path} holds no benchmark result; expected the JSON of "
-                        "`vllm bench serve --save-result` (completed, p90_ttft_ms, ...)")
+                        "`vllm bench serve --save-result` (completed, p90_ttft_ms, ...) or "
+                        "aiperf's profile_export_aiperf.json")
     return data
+
+
+def aiperf_result(export: dict[str, Any]) -> dict[str, Any]:
+    """aiperf's profile_export_aiperf.json (one stats block per metric: unit, avg, p50, p90,
+    p99, ...) as vLLM's result keys: latencies in ms (AIPERF_LATENCIES), aggregates from their
+    `avg` (AIPERF_SCALARS); what aiperf does not give is left out."""
+    out: dict[str, Any] = {}
+    for tag, name in AIPERF_LATENCIES.items():
+        block = export.get(tag)
+        scale = TO_MS.get(str(block.get("unit", "ms"))) if isinstance(block, dict) else None
+        if isinstance(block, dict) and scale is not None:
+            for stat, key in (("avg", "mean"), *((f"p{p}", f"p{p}") for p in PERCENTILES)):
+                value = _float(block.get(stat))
+                if value is not None:
+                    out[f"{key}_{name}_ms"] = value * scale
+    for tag, key in AIPERF_SCALARS.items():
+        block = export.get(tag)
+        value = _float(block.get("avg")) if isinstance(block, dict) else None
+        if value is not None:
+            out[key] = round(value) if key in ("completed", "failed") else value
+    return out
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ JSON itself, so `kubectl logs job/NAME` holds the result either way. `rackplan b
 --from-file bench.json` compares it with the plan's prediction.
 
 A workload with a sessions (AgentX) arrival is refused in one line: it is measured with aiperf's
-agentx scenario, which a bench Job does not run yet.
+agentx scenario, which a bench Job does not run yet (`rackplan bench --from-file` reads aiperf's
+summary, profile_export_aiperf.json, when it was run by hand).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ SHOW_RESULT = (f'"$@" && echo "result: {RESULT_DIR}/{RESULT_FILE}" && '
 then print where the result is and the result."""
 AIPERF_MISSING = (
     "a sessions (AgentX) arrival is measured with aiperf's agentx scenario, which a bench Job "
-    "does not run yet (missing: an image with aiperf, the plan's session corpus as an aiperf "
-    "dataset, and a reader of aiperf's profile_export_aiperf.json for `rackplan bench "
-    "--from-file`); give a closed, poisson or bursty arrival")
+    "does not run yet (missing: an image with aiperf, and the plan's session corpus as an "
+    "aiperf dataset); run aiperf yourself and compare its profile_export_aiperf.json with "
+    "`rackplan bench PLAN --from-file`, or give a closed, poisson or bursty arrival")
 """Why a sessions workload gets no Job."""
 
 

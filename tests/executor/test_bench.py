@@ -14,10 +14,12 @@ import yaml
 from executor.bench import (
     BenchError,
     Comparison,
+    aiperf_result,
     bench_command,
     bench_settings,
     compare,
     compare_file,
+    read_result,
     run_bench,
 )
 from planner.cli import main
@@ -243,6 +245,7 @@ def test_bench_from_file_prints_the_comparison_and_writes_the_reports(tmp_path, 
     ("{not json", "result.json is not JSON (Expecting property name"),
     ('{"model_id": "m"}', "result.json holds no benchmark result; expected the JSON of "
                           "`vllm bench serve --save-result`"),
+    ('{"time_to_first_token": {"unit": "parsecs", "p90": 1}}', "holds no benchmark result"),
     ("[1, 2]", "holds no benchmark result"),
 ])
 def test_a_bad_result_file_is_one_line_and_exit_2(tmp_path, capsys, content, needle):
@@ -255,3 +258,42 @@ def test_a_bad_result_file_is_one_line_and_exit_2(tmp_path, capsys, content, nee
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith("rackplan: error: result file ") and needle in captured.err
     assert not out.exists()
+
+
+AIPERF_EXPORT = {
+    "time_to_first_token": {"unit": "ms", "avg": 110.0, "p50": 100.0, "p90": 150.0,
+                            "p99": 200.0, "min": 50.0, "max": 250.0, "std": 20.0, "count": 8},
+    "inter_token_latency": {"unit": "ms", "avg": 11.0, "p50": 10.0, "p90": 12.0, "p99": 14.0},
+    "request_latency": {"unit": "s", "avg": 0.3, "p50": 0.28, "p90": 0.35, "p99": 0.4},
+    "request_count": {"unit": "requests", "avg": 8.0},
+    "error_request_count": {"unit": "requests", "avg": 0.0},
+    "benchmark_duration": {"unit": "sec", "avg": 2.0},
+    "request_throughput": {"unit": "requests/sec", "avg": 4.0},
+    "output_token_throughput": {"unit": "tokens/sec", "avg": 64.0},
+    "input_config": {"endpoint": {"model_names": ["m"]}},
+}
+"""aiperf's profile_export_aiperf.json as its schema documents it: a stats block per metric."""
+
+
+def test_aiperf_s_summary_reads_as_vllm_s_result_keys():
+    got = aiperf_result(AIPERF_EXPORT)
+    assert (got["p50_ttft_ms"], got["p90_ttft_ms"], got["p99_ttft_ms"]) == (100.0, 150.0, 200.0)
+    assert got["mean_ttft_ms"] == 110.0 and got["p90_tpot_ms"] == 12.0
+    assert got["p90_e2el_ms"] == pytest.approx(350.0)  # seconds become ms
+    assert (got["completed"], got["failed"], got["duration"]) == (8, 0, 2.0)
+    assert got["output_throughput"] == 64.0 and "total_token_throughput" not in got
+    assert not any(key.endswith("_itl_ms") for key in got)  # aiperf has no per-gap ITL
+
+
+def test_an_aiperf_export_is_compared_like_a_vllm_result(tmp_path):
+    path = tmp_path / "profile_export_aiperf.json"
+    path.write_text(json.dumps(AIPERF_EXPORT))
+    assert read_result(path) == aiperf_result(AIPERF_EXPORT)
+    vllm = write_result(tmp_path / "bench.json")
+    from_aiperf = compare_file(TINY_PD, path, tmp_path / "a")
+    from_vllm = compare_file(TINY_PD, vllm, tmp_path / "v")
+    for metric in ("ttft_ms.p50", "ttft_ms.p90", "ttft_ms.p99", "tpot_ms.p90",
+                   "output_throughput_tok_s"):
+        assert from_aiperf.row(metric) == from_vllm.row(metric)
+    assert from_aiperf.row("itl_ms.p90").measured is None
+    assert from_aiperf.measured["completed"] == 8

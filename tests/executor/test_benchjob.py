@@ -105,7 +105,7 @@ def test_a_sessions_workload_is_refused_naming_what_is_missing():
     with pytest.raises(SpecError) as e:
         bench_job((deployment, agentx), ROUTER, "tiny-bench", IMAGE)
     assert str(e.value) == AIPERF_MISSING and "\n" not in AIPERF_MISSING
-    for needle in ("aiperf", "image", "profile_export_aiperf.json"):
+    for needle in ("aiperf", "image", "dataset", "--from-file"):
         assert needle in str(e.value)
 
 

@@ -86,7 +86,8 @@ def register(sub: Any) -> None:
                                       "http://127.0.0.1:<router port>)")
     source.add_argument("--from-file", metavar="RESULT.json",
                         help="compare a result measured elsewhere (`vllm bench serve "
-                             "--save-result` JSON, e.g. a bench Job's) instead of running one")
+                             "--save-result` JSON, e.g. a bench Job's, or aiperf's "
+                             "profile_export_aiperf.json) instead of running one")
     p.add_argument("--out", metavar="DIR",
                    help="where the report goes (default runs/bench-<plan name>)")
     p.add_argument("--calibration", metavar="DIR",

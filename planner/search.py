@@ -192,6 +192,8 @@ class _History:
     """The first simulation of each deployment (by key)."""
     keys: dict[str, int] = field(default_factory=dict)
     """Point key -> the first trial of it, whatever its stage."""
+    key_of: dict[int, str] = field(default_factory=dict)
+    """Trial number -> its point key."""
     simulations: int = 0
 
     def add(self, trial: FrozenTrial) -> None:
@@ -201,11 +203,20 @@ class _History:
         self.numbers.add(trial.number)
         self.params[trial.number] = trial.params
         for r in records([trial]):
-            self.keys.setdefault(_key(r["deployment"], r.get("load")), trial.number)
-            self.seen.extend(_seen([r]))
-            if r["stage"] == "simulated" and "reused" not in r:
+            key = _key(r["deployment"], r.get("load"))
+            self.keys.setdefault(key, trial.number)
+            self.key_of[trial.number] = key
+            fresh = r["stage"] == "simulated" and "reused" not in r
+            if fresh and key not in self.simulated:
+                # a screened estimate of a point now simulated teaches nothing more, and
+                # is no longer a hope to simulate
+                self.seen = [h for h in self.seen
+                             if h.metrics is not None or self.key_of.get(h.number) != key]
+            if r["stage"] != "screened_out" or key not in self.simulated:
+                self.seen.extend(_seen([r]))
+            if fresh:
                 self.simulations += 1
-                self.simulated.setdefault(_key(r["deployment"], r.get("load")), r)
+                self.simulated.setdefault(key, r)
 
 
 class Loop:
@@ -400,34 +411,26 @@ class Loop:
     def _novel(self, trial: optuna.Trial, deployment: Deployment, load: float | None,
                pending: list[_Pending]) -> tuple[Deployment, float | None, dict[str, Any]]:
         """The drawn point, or when it repeats one the search has (any stage, or pending in
-        this round), a neighbour it has not: one parameter other than a DEP size changed, in an
-        order seeded by the trial number; the trial's params stay as drawn, the record says
-        which point it repeated and what changed. A point without a novel neighbour stays."""
+        this round), the first point it has not among: its neighbours (one parameter changed;
+        a changed DEP size keeps the instance count where it can and takes that size's first
+        redundant-expert count), then up to `NOVEL_DRAWS` points drawn uniformly from the space
+        — each list in an order seeded by the trial number. The trial's params stay as drawn;
+        the record says which point it repeated and what changed. A point with nothing novel
+        found stays."""
         key = _key(dump_deployment(deployment), load)
         earlier = {**{p.key: p.trial.number for p in pending}, **self.history.keys}
         if key not in earlier:
             return deployment, load, {}
-        params, dists = trial.params, trial.distributions
-        options: list[tuple[str, Any]] = []
-        for name in sorted(params):
-            if name == "layout" or name.endswith("_dep"):
-                continue  # other names depend on these
-            d = dists[name]
-            if isinstance(d, optuna.distributions.CategoricalDistribution):
-                values: Sequence[Any] = d.choices
-            elif isinstance(d, optuna.distributions.IntDistribution):
-                values = range(d.low, d.high + 1)
-            else:
-                continue
-            options += [(name, v) for v in values if v != params[name]]
         rng = random.Random(f"{self.config.seed}/{trial.number}")
-        rng.shuffle(options)
-        for name, value in options:
-            point = {**params, name: value}
-            there = float(value) if name == "load" else load
-            other = deployment_from_params(self.config.space, point)
+        space, loads = self.config.space, self.config.loads
+        candidates = _neighbours(space, trial.params, trial.distributions, rng)
+        candidates += [_drawn(space, loads, rng) for _ in range(NOVEL_DRAWS)]
+        for point in candidates:
+            there = float(point["load"]) if "load" in point else load
+            other = deployment_from_params(space, point)
             if _key(dump_deployment(other), there) not in earlier:
-                return other, there, {"repeats": earlier[key], "changed": {name: value}}
+                changed = {k: v for k, v in point.items() if trial.params.get(k) != v}
+                return other, there, {"repeats": earlier[key], "changed": changed}
         return deployment, load, {}
 
     def _fewer_gpus(self, gpus: int) -> str:
@@ -477,6 +480,8 @@ class Loop:
         """Ask again, next, for a screened point that keeps others out, so it is simulated."""
         if number is None or number in self._enqueued or number not in self.history.params:
             return
+        if self.history.key_of.get(number) in self.history.simulated:
+            return  # that point has been simulated meanwhile
         self._enqueued.add(number)
         self.study.enqueue_trial(self.history.params[number], user_attrs={"fixed": True},
                                  skip_if_exists=False)
@@ -505,6 +510,63 @@ class Loop:
         trial.set_user_attr("record", _plain(record))
         trial.set_constraint("slo", violation(metrics, self.config.slos))
         return self.study.tell(trial, objective_values(metrics, self.config.objective))
+
+
+NOVEL_DRAWS = 32
+"""Uniform draws `Loop._novel` tries once a repeated point has no novel neighbour."""
+
+
+def _neighbours(space: SearchSpace, params: dict[str, Any],
+                dists: dict[str, optuna.distributions.BaseDistribution],
+                rng: random.Random) -> list[dict[str, Any]]:
+    """The points one parameter away from `params`, shuffled by `rng`."""
+    out: list[dict[str, Any]] = []
+    for name in sorted(params):
+        d = dists[name]
+        if isinstance(d, optuna.distributions.CategoricalDistribution):
+            values: Sequence[Any] = d.choices
+        elif isinstance(d, optuna.distributions.IntDistribution):
+            values = range(d.low, d.high + 1)
+        else:
+            continue
+        for v in values:
+            if v == params[name] or name == "layout":
+                continue
+            point = {**params, name: v}
+            if name.endswith("_dep"):  # the names that depend on the size, for the new size
+                role, old = name[: -len("_dep")], params[name]
+                low, high = space.instance_range(role, int(v))
+                count = params.get(f"{role}_instances_dep{old}", low)
+                point.setdefault(f"{role}_instances_dep{v}", min(max(count, low), high))
+                point.setdefault(f"{role}_redundant_dep{v}", space.redundant[int(v)][0])
+            out.append(point)
+    rng.shuffle(out)
+    return out
+
+
+class _Uniform:
+    """A trial double that draws every parameter uniformly (for `_drawn`)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.params: dict[str, Any] = {}
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        self.params[name] = self.rng.choice(list(choices))
+        return self.params[name]
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        self.params[name] = self.rng.randint(low, high)
+        return self.params[name]
+
+
+def _drawn(space: SearchSpace, loads: tuple[float, ...], rng: random.Random) -> dict[str, Any]:
+    """The params of one point drawn uniformly from the space (and its loads)."""
+    trial = _Uniform(rng)
+    suggest(trial, space)
+    if loads:
+        trial.suggest_categorical("load", loads)
+    return trial.params
 
 
 def evaluate_all(runs: Sequence[tuple[Evaluate, Deployment]],

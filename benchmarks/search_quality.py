@@ -12,7 +12,10 @@ the gate would screen out as unable to meet an SLO, with the corrections and err
 they stand after the search's first K simulated pairs and, cross-validated, after random
 samples of as many points as the search simulated (target 0). The worst cases, or when there
 are none the feasible points nearest to being screened out, are listed screen vs DES.
-Run: .venv/bin/python benchmarks/search_quality.py [--tiny] [--trials N] [--seed S]
+With --loads (auto or a list of users) every point is also each load: the exhaustive optimum
+is over deployment x load, and the search searches the load too (its curve sweep counted in
+its simulations).
+Run: .venv/bin/python benchmarks/search_quality.py [--tiny] [--trials N] [--seed S] [--loads auto]
 (--tiny: 20 points and a few requests, to check that it runs; takes well under a minute).
 """
 
@@ -32,6 +35,7 @@ from typing import Any
 
 from planner.evaluate import Simulator, calibration_for, overhead_for
 from planner.fidelity import Gate, Seen
+from planner.load import at_load, ladder, load_text
 from planner.objectives import SLO, THROUGHPUT, meets, metric_value
 from planner.plan import describe, summarize
 from planner.screen import Screen
@@ -65,20 +69,30 @@ class Point:
     screen: dict[str, Any]
     metrics: dict[str, Any]
     feasible: bool
+    load: float | None = None
+    """The offered load (None: the workload's own)."""
+
+    @property
+    def key(self) -> str:
+        return point_key(self.deployment, self.load)
 
     def seen(self, number: int) -> Seen:
         """As the gate learns from a simulated point."""
         return Seen(number, self.layout, self.screen, self.metrics, self.feasible)
 
 
-def exhaustive(space: SearchSpace, workload: Workload,
-               evaluate: Simulator) -> tuple[dict[str, Any] | None, list[Point]]:
-    """(best feasible record, every in-budget point screened and simulated)."""
+def point_key(deployment: dict[str, Any], load: float | None) -> str:
+    return json.dumps([deployment, load], sort_keys=True)
+
+
+def exhaustive(space: SearchSpace, workload: Workload, evaluate: Simulator,
+               loads: tuple[float, ...] = ()) -> tuple[dict[str, Any] | None, list[Point]]:
+    """(best feasible record, every in-budget point screened and simulated, at each load)."""
     best: dict[str, Any] | None = None
-    params_list = list(enumerate_params(space))
+    params_list = [(p, load) for p in enumerate_params(space) for load in (loads or (None,))]
     points: list[Point] = []
-    screens: dict[bool, Screen] = {}
-    for i, params in enumerate(params_list):
+    screens: dict[tuple[bool, float | None], Screen] = {}
+    for i, (params, load) in enumerate(params_list):
         deployment = deployment_from_params(space, params)
         overhead = overhead_for(deployment)
         try:
@@ -87,15 +101,17 @@ def exhaustive(space: SearchSpace, workload: Workload,
         except SpecError:
             continue
         pd = deployment.disaggregated
-        screen = screens.setdefault(pd, Screen(workload, overhead))
+        here = workload if load is None else at_load(workload, load)
+        screen = screens.setdefault((pd, load), Screen(here, overhead))
         estimate = {**screen(resolved), "gpus": resolved.gpus}
-        metrics = evaluate(deployment)
+        metrics = evaluate.at(here)(deployment)
         value = metric_value(metrics, THROUGHPUT) or 0.0
         feasible = meets(metrics, SLOS)
         points.append(Point(dump_deployment(deployment), "pd" if pd else "aggregated",
-                            estimate, metrics, feasible))
+                            estimate, metrics, feasible, load))
         if feasible and (best is None or value > best["value"]):
-            best = {"deployment": deployment, "metrics": metrics, "value": value}
+            best = {"deployment": deployment, "metrics": metrics, "value": value,
+                    "load": load}
         if sys.stderr.isatty():
             print(f"\rexhaustive: {i + 1}/{len(params_list)} points", end="", file=sys.stderr,
                   flush=True)
@@ -166,12 +182,12 @@ def tightest(gate: Gate, points: Sequence[Point], history: Sequence[Seen],
     return [p for _, _, p in sorted(out, key=lambda t: (-t[0], t[1]))]
 
 
-def false_negatives(points: Sequence[Point], searched: Sequence[tuple[dict[str, Any], Seen]],
+def false_negatives(points: Sequence[Point], searched: Sequence[tuple[str, Seen]],
                     budget: int, seed: int) -> None:
     """The false-negative report (see the module docstring)."""
     gate = Gate(SLOS, slack=SearchConfig.slack, margin=SearchConfig.margin)
     feasible = sum(p.feasible for p in points)
-    by_key = {json.dumps(p.deployment, sort_keys=True): i for i, p in enumerate(points)}
+    by_key = {p.key: i for i, p in enumerate(points)}
     print(f"false negatives of the gate's plausibility test ({feasible} of {len(points)} "
           "points DES-feasible; target 0):")
     worst: list[tuple[Point, str, list[Seen]]] = []
@@ -179,8 +195,7 @@ def false_negatives(points: Sequence[Point], searched: Sequence[tuple[dict[str, 
     for k in sorted({min(k, len(searched)) for k in (0, gate.min_pairs, len(searched) // 2,
                                                        len(searched))}):
         history = [h for _, h in searched[:k]]
-        skip = {by_key[key] for key in (json.dumps(d, sort_keys=True) for d, _ in searched[:k])
-                if key in by_key}
+        skip = {by_key[key] for key, _ in searched[:k] if key in by_key}
         bad = rejected(gate, points, history, skip)
         total = sum(p.feasible for i, p in enumerate(points) if i not in skip)
         print(f"  after the search's first {k} simulated pairs: {len(bad)} of {total}")
@@ -218,6 +233,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=SearchConfig.batch,
                         help=f"simulations chosen per round (default {SearchConfig.batch}; 1: "
                              "the fully sequential search)")
+    parser.add_argument("--loads", help="search the load too: auto or users, e.g. 24,48,96")
     parser.add_argument("--share", type=float, default=0.10,
                         help="simulations the search may run, as a share of the exhaustive "
                              "ones (default 0.10)")
@@ -226,9 +242,10 @@ def main() -> None:
     workload = WORKLOAD.model_copy(update={"requests": 48, "arrival": ClosedArrival(
         concurrency=16)}) if args.tiny else WORKLOAD
     evaluate = Simulator(workload)
+    loads = ladder(workload, args.loads) if args.loads else ()
 
     start = time.perf_counter()
-    best, points = exhaustive(space, workload, evaluate)
+    best, points = exhaustive(space, workload, evaluate, loads)
     runs = len(points)
     wall_ex = time.perf_counter() - start
     budget = max(int(runs * args.share), 1)
@@ -237,7 +254,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = SearchConfig(space=space, workload=workload, slos=SLOS, trials=args.trials,
                               seed=args.seed, storage=f"sqlite:///{tmp}/quality.db",
-                              max_simulations=budget, startup_trials=8, batch=args.batch)
+                              max_simulations=budget, startup_trials=8, batch=args.batch,
+                              loads=loads)
         study = run_search(config)
         trials = finished(study)
         summary = summarize(records(trials), SLOS)
@@ -246,17 +264,20 @@ def main() -> None:
                             if r["stage"] == "simulated" and "reused" not in r),
                            key=lambda r: r["number"])
     wall_search = time.perf_counter() - start
-    searched = [(r["deployment"], Seen(r["number"], r["layout"], r.get("screen"), r["metrics"],
-                                       bool(r.get("meets_slo")))) for r in simulated]
+    searched = [(point_key(r["deployment"], r.get("load")),
+                 Seen(r["number"], r["layout"], r.get("screen"), r["metrics"],
+                      bool(r.get("meets_slo")))) for r in simulated]
 
-    print(f"space: {runs} feasible points of deepseek-r1 on {space.gpus} x h200; SLOs: "
+    at = f" at {len(loads)} loads each" if loads else ""
+    print(f"space: {runs} feasible points{at} of deepseek-r1 on {space.gpus} x h200; SLOs: "
           f"{', '.join(str(s) for s in SLOS)}")
     if best is None:
         print("exhaustive optimum: no point meets the SLOs")
     else:
         print(f"exhaustive optimum: {best['value']:,.1f} tok/s/GPU "
               f"({runs} simulations, {wall_ex:.1f} s): "
-              f"{describe(dump_deployment(best['deployment']))}")
+              f"{describe(dump_deployment(best['deployment']))}"
+              + (f" at {load_text(workload, best['load'])}" if best["load"] else ""))
     found = summary.best
     if found is None:
         print(f"search best: none feasible ({used} simulations of {budget} allowed, "
@@ -265,7 +286,8 @@ def main() -> None:
         value = metric_value(found["metrics"], THROUGHPUT) or 0.0
         print(f"search best: {value:,.1f} tok/s/GPU ({used} simulations of {budget} allowed = "
               f"{used / max(runs, 1):.0%} of exhaustive, {len(trials)} trials, "
-              f"{wall_search:.1f} s): {describe(found['deployment'])}")
+              f"{wall_search:.1f} s): {describe(found['deployment'])}"
+              + (f" at {load_text(workload, found['load'])}" if found.get("load") else ""))
         if best is not None:
             print(f"gap to the optimum: {1 - value / best['value']:.1%}")
     screen_errors(points)

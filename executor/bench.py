@@ -44,11 +44,9 @@ from simulator.specs.workload import (
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl")
-RESULT_FILE = "bench.json"
-
-
-PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+PERCENTILE_METRICS = (*LATENCIES, "e2el")
 """--percentile-metrics: the latencies the result gives percentiles of."""
+RESULT_FILE = "bench.json"
 
 
 class BenchError(LaunchError):

@@ -131,7 +131,8 @@ class PodSettings:
     """What the deploy flags set in every engine pod."""
 
     fabric: Fabric = field(default_factory=lambda: FABRICS["none"])
-    image: str = VLLM_IMAGE
+    image: str | None = None
+    """The engine pods' image (None: the flavor's own, vLLM's for llm-d)."""
     router_image: str = ROUTER_IMAGE
     model_volume: ModelVolume = field(default_factory=lambda: ModelVolume("pvc", "hf-cache"))
     hf_token_secret: str = "hf-token"
@@ -189,11 +190,11 @@ def engine_resources(gpus: int, fabric: Fabric) -> dict[str, Any]:
     return out
 
 
-def probes(port: str) -> dict[str, Any]:
+def probes(port: str | int, scheme: str | None = None) -> dict[str, Any]:
     """Startup (the model load, up to STARTUP_S), liveness (/health) and readiness (/v1/models,
-    which answers once the engine serves) probes on the named port."""
+    which answers once the engine serves) probes on a port (its name or number)."""
     def get(path: str) -> dict[str, Any]:
-        return {"path": path, "port": port}
+        return {"path": path, "port": port, **({"scheme": scheme} if scheme else {})}
     return {"startupProbe": {"httpGet": get("/health"), "periodSeconds": 10,
                              "timeoutSeconds": 5, "failureThreshold": STARTUP_S // 10},
             "livenessProbe": {"httpGet": get("/health"), "periodSeconds": 30,
@@ -207,7 +208,7 @@ def engine_container(process: LaunchRecord, settings: PodSettings, *, command: l
                      extra_env: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
     """The vLLM container of an engine pod."""
     container: dict[str, Any] = {
-        "name": "vllm", "image": settings.image, "command": command, "args": args,
+        "name": "vllm", "image": settings.image or VLLM_IMAGE, "command": command, "args": args,
         "ports": ports, "env": engine_env(process, settings, extra_env),
         "resources": engine_resources(process.gpus, settings.fabric), **probes(probe_port),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},

@@ -27,7 +27,6 @@ from typing import Any, ClassVar
 from executor.backends.base import Backend, LaunchError, write_atomic
 from executor.backends.k8s_pod import (
     ROUTER_IMAGE,
-    VLLM_IMAGE,
     ModelVolume,
     PodSettings,
     fabric_for,
@@ -73,7 +72,7 @@ class KubernetesBackend(Backend):
 
     def __init__(self, rendered: Rendered, run_dir: Path, *, name: str | None = None,
                  namespace: str | None = None, flavor: str = DEFAULT_FLAVOR,
-                 routing: str = "router", image: str = VLLM_IMAGE,
+                 routing: str | None = None, image: str | None = None,
                  router_image: str = ROUTER_IMAGE, model_volume: str = "pvc:hf-cache",
                  hf_token_secret: str = "hf-token", hardware: str | None = None) -> None:
         super().__init__(rendered, run_dir)
@@ -82,11 +81,12 @@ class KubernetesBackend(Backend):
         self.namespace = namespace
         """Namespace for kubectl and the kustomization (None: the current context's)."""
         cls = flavor_class(flavor)
-        if routing not in ROUTINGS:
+        if routing is not None and routing not in ROUTINGS:
             raise SpecError(f"unknown routing {routing!r}; valid: {', '.join(ROUTINGS)}")
-        if routing not in cls.routings:
-            raise SpecError(f"the {flavor} flavor routes with {', '.join(cls.routings)}, "
-                            f"not {routing!r}")
+        if routing is not None and routing not in cls.routings:
+            raise SpecError(f"the {flavor} flavor routes through its own frontend; --routing "
+                            f"{routing} applies to the flavors that take it (llm-d)")
+        routing = routing or (cls.routings[0] if cls.routings else None)
         if hardware is None and isinstance(rendered, ClusterRendered):
             hardware = rendered.hardware
         self.settings = PodSettings(fabric=fabric_for(hardware), image=image,
@@ -187,6 +187,8 @@ class KubernetesBackend(Backend):
             if run.returncode:
                 raise LaunchError(f"{wait.what} were not {wait.condition.lower()} within "
                                   f"{timeout_s:.0f} s: {_last_line(run)}")
+        if self.flavor.probe_in is None:
+            return
         where, url = self.flavor.probe_in
         model = self.flavor.target.model
         while True:

@@ -9,6 +9,8 @@ from simulator.specs.errors import SpecError
 
 FLAVORS: dict[str, str] = {
     "llm-d": "executor.flavors.llm_d:LlmD",
+    "dynamo": "executor.flavors.dynamo:Dynamo",
+    "kserve": "executor.flavors.kserve:KServe",
 }
 """`--flavor` name -> the class that renders it (imported when chosen)."""
 DEFAULT_FLAVOR = "llm-d"

@@ -30,8 +30,9 @@ class Target:
     model: str
     """What the pods serve: a Hugging Face id or a path on the model volume."""
     settings: PodSettings
-    routing: str
-    """The `--routing` choice (executor/backends/k8s_router.py's ROUTINGS)."""
+    routing: str | None
+    """The `--routing` choice (executor/backends/k8s_router.py's ROUTINGS); None for a flavor
+    that routes through its own frontend."""
 
     def labels(self, component: str | None = None) -> dict[str, str]:
         out = {"app.kubernetes.io/name": "rackplan", "app.kubernetes.io/instance": self.app}
@@ -56,8 +57,9 @@ class Flavor(ABC):
     """A deployment as the objects of one serving project."""
 
     name: ClassVar[str]
-    routings: ClassVar[tuple[str, ...]] = ("router",)
-    """The routings this flavor can put in front of its pods."""
+    routings: ClassVar[tuple[str, ...]] = ()
+    """The routings this flavor can put in front of its pods, the default first; none for a
+    flavor with its own frontend."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -77,6 +79,7 @@ class Flavor(ABC):
 
     @property
     @abstractmethod
-    def probe_in(self) -> tuple[tuple[str, ...], str]:
+    def probe_in(self) -> tuple[tuple[str, ...], str] | None:
         """Where the readiness completion is sent from and to: the `kubectl exec` target
-        (`deployment/NAME`, or `pod/NAME -c CONTAINER`) and the URL inside it."""
+        (`deployment/NAME`, or `pod/NAME -c CONTAINER`) and the URL inside it; None when the
+        waited-for condition already says the deployment serves."""

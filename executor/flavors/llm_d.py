@@ -53,7 +53,8 @@ class LlmD(Flavor):
 
     def __init__(self, target: Target) -> None:
         super().__init__(target)
-        self.routing: Routing = ROUTINGS[target.routing](RoutingContext(
+        self.routing_name = target.routing or self.routings[0]
+        self.routing: Routing = ROUTINGS[self.routing_name](RoutingContext(
             app=target.app, labels=target.labels(), port=self._router_port(),
             settings=target.settings, targets=tuple(
                 RouteTarget(lay.role, self.pod_urls(lay),
@@ -79,7 +80,7 @@ class LlmD(Flavor):
     def vllm_port(self, layout: RoleLayout) -> int:
         """vLLM's port in the role's pods: the rendering's, or under the InferencePool the
         pool's (decode: the port behind its routing sidecar)."""
-        if self.target.routing != "epp":
+        if self.routing_name != "epp":
             return layout.port
         return VLLM_BEHIND_SIDECAR if layout.role == "decode" else POOL_PORT
 
@@ -176,7 +177,7 @@ class LlmD(Flavor):
 
     @property
     def probe_in(self) -> tuple[tuple[str, ...], str]:
-        if self.target.routing == "router":
+        if self.routing_name == "router":
             return (f"deployment/{self.target.app}-router",), \
                 f"http://127.0.0.1:{self._router_port()}"
         layout = self.target.layouts[-1]  # a pod of the last role answers on its own port

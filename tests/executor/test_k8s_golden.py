@@ -12,18 +12,23 @@ from tests.executor.schemas.validate import validate
 
 CASES = [("deepseek-v4-flash-gb300-pd", "llm-d", "router"),
          ("deepseek-v4-flash-gb300-pd", "llm-d", "epp"),
-         ("deepseek-v3-h200-pd", "llm-d", "router")]
+         ("deepseek-v3-h200-pd", "llm-d", "router"),
+         ("deepseek-v4-flash-gb300-pd", "dynamo", None),
+         ("deepseek-v3-h200-pd", "dynamo", None),
+         ("deepseek-v4-flash-gb300-pd", "kserve", None),
+         ("deepseek-v3-h200-pd", "kserve", None)]
 
 
 @pytest.mark.parametrize(("example", "flavor", "routing"), CASES)
 def test_golden_manifests(tmp_path, capsys, example, flavor, routing):
     plan = ROOT / "examples" / f"{example}.yaml"
-    assert main(["deploy", str(plan), "--target", "kubernetes", "--flavor", flavor,
-                 "--routing", routing, "--dry-run", "--out", str(tmp_path / "run")]) == 0
+    routed = ["--routing", routing] if routing else []
+    assert main(["deploy", str(plan), "--target", "kubernetes", "--flavor", flavor, *routed,
+                 "--dry-run", "--out", str(tmp_path / "run")]) == 0
     paths = [tmp_path / "run" / "kubernetes" / line.rsplit("/", 1)[-1]
              for line in capsys.readouterr().out.splitlines()]
     assert paths[-1].name == "kustomization.yaml"
     for path in paths[:-1]:
         validate(yaml.safe_load(path.read_text()))
     text = "".join(f"# --- {p.name}\n{p.read_text()}" for p in paths)
-    assert_golden(f"k8s-{flavor}-{routing}-{example}.yaml", text)
+    assert_golden(f"k8s-{flavor}{'-' + routing if routing else ''}-{example}.yaml", text)

@@ -1,0 +1,100 @@
+"""The dynamo flavor: a DynamoGraphDeployment of Dynamo 0.6.0 checked against its CRD schema,
+prefill and decode worker services with multinode.nodeCount, `python3 -m dynamo.vllm` with
+Dynamo's disaggregation flags, and the fabric, model volume, probes and resources."""
+
+import copy
+
+import pytest
+import yaml
+
+from executor.backends.kubernetes import KubernetesBackend
+from simulator.specs.errors import SpecError
+from simulator.specs.loading import load_deployment
+from tests.executor.cluster import MODEL, ROOT
+from tests.executor.schemas.validate import NEWEST, ManifestError, validate
+
+V4 = ROOT / "examples" / "deepseek-v4-flash-gb300-pd.yaml"
+V3 = ROOT / "examples" / "deepseek-v3-h200-pd.yaml"
+
+
+def v3():
+    """The golden P/D example on H200 (InfiniBand), serving a folder on the model volume."""
+    return KubernetesBackend.render_for(load_deployment(V3), MODEL)
+
+
+def objects(tmp_path, rendered=None, **options) -> list[dict]:
+    backend = KubernetesBackend(rendered or v3(), tmp_path / "deploy-dsv3",
+                                flavor="dynamo", **options)
+    return [yaml.safe_load(p.read_text()) for p in backend.render()[:-1]]
+
+
+def v4():
+    d = load_deployment(V4)
+    return KubernetesBackend.render_for(d, d.model)
+
+
+@pytest.mark.parametrize(("rendering", "oldest"), [(v3, "1.29"), (v4, "1.32")])
+def test_the_graph_validates_against_the_dynamo_crd(tmp_path, rendering, oldest):
+    objs = objects(tmp_path, rendering())
+    assert objs[-1]["kind"] == "DynamoGraphDeployment"
+    for obj in objs:
+        for version in (oldest, NEWEST):
+            validate(obj, version)
+    broken = copy.deepcopy(objs[-1])
+    broken["spec"]["services"]["VllmDecodeWorker"]["multinode"]["nodeCount"] = 1
+    with pytest.raises(ManifestError, match=r"\$\.spec\.services\.VllmDecodeWorker\.multinode"
+                                            r"\.nodeCount: 1 is less than the minimum of 2"):
+        validate(broken)
+    broken = copy.deepcopy(objs[-1])
+    broken["spec"]["services"]["VllmDecodeWorker"]["replica"] = 1
+    with pytest.raises(ManifestError, match="'replica' was unexpected"):
+        validate(broken)
+
+
+def test_prefill_and_decode_workers_run_dynamo_vllm_with_its_disaggregation_flags(tmp_path):
+    (graph,) = objects(tmp_path)
+    services = graph["spec"]["services"]
+    assert graph["spec"]["backendFramework"] == "vllm"
+    assert set(services) == {"Frontend", "VllmPrefillWorker", "VllmDecodeWorker"}
+    frontend = services["Frontend"]["extraPodSpec"]["mainContainer"]
+    assert frontend["command"] == ["python3", "-m", "dynamo.frontend"]
+    prefill, decode = services["VllmPrefillWorker"], services["VllmDecodeWorker"]
+    assert (prefill["replicas"], decode["replicas"]) == (4, 1)
+    assert "multinode" not in prefill and decode["multinode"] == {"nodeCount": 5}
+    for service, role in ((prefill, "prefill"), (decode, "decode")):
+        assert service["componentType"] == "worker" and service["subComponentType"] == role
+        main = service["extraPodSpec"]["mainContainer"]
+        assert main["command"] == ["python3", "-m", "dynamo.vllm"]
+        args = main["args"]
+        assert args[:4] == ["--model", "/models/DeepSeek-V3", "--connector", "nixl"]
+        assert ("--is-prefill-worker" in args) == (role == "prefill")
+        assert "--kv-transfer-config" not in args and "--port" not in args
+        assert {"startupProbe", "livenessProbe", "readinessProbe"} <= set(main)
+        assert service["resources"]["limits"] == {"gpu": "8", "memory": "768Gi",
+                                                  "custom": {"rdma/ib": "1"}}
+        assert service["resources"]["requests"]["cpu"] == "64"
+        assert {"name": "models", "mountPath": "/models"} in main["volumeMounts"]
+    decode_args = decode["extraPodSpec"]["mainContainer"]["args"]
+    at = decode_args.index("--data-parallel-size")
+    assert decode_args[at:] == ["--data-parallel-size", "40", "--data-parallel-size-local", "8",
+                                "--data-parallel-backend", "ray"]
+
+
+def test_gb300_workers_claim_the_compute_domain_and_the_image_is_dynamo_s(tmp_path):
+    domain, graph = objects(tmp_path, v4())
+    assert domain["kind"] == "ComputeDomain"
+    for name in ("VllmPrefillWorker", "VllmDecodeWorker"):
+        pod = graph["spec"]["services"][name]["extraPodSpec"]
+        assert pod["resourceClaims"][0]["resourceClaimTemplateName"] == \
+            domain["spec"]["channel"]["resourceClaimTemplate"]["name"]
+        assert pod["mainContainer"]["image"] == "nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.6.0"
+        assert pod["mainContainer"]["args"][1] == "deepseek-ai/DeepSeek-V4-Flash"
+    (graph,) = objects(tmp_path, image="registry.example/dynamo:1")
+    main = graph["spec"]["services"]["VllmDecodeWorker"]["extraPodSpec"]["mainContainer"]
+    assert main["image"] == "registry.example/dynamo:1"
+
+
+def test_a_routing_of_llm_d_is_refused_for_a_flavor_with_its_own_frontend(tmp_path):
+    with pytest.raises(SpecError, match="the dynamo flavor routes through its own frontend; "
+                                        "--routing epp applies to the flavors that take it"):
+        objects(tmp_path, routing="epp")

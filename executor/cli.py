@@ -59,14 +59,16 @@ def register(sub: Any) -> None:
     k8s = p.add_argument_group("kubernetes target")
     k8s.add_argument("--flavor", metavar="FLAVOR",
                      help="whose objects the deployment becomes: llm-d (default; a "
-                          "LeaderWorkerSet per role)")
+                          "LeaderWorkerSet per role), dynamo (a DynamoGraphDeployment) or "
+                          "kserve (an LLMInferenceService)")
     k8s.add_argument("--name", metavar="NAME",
                      help="prefix of every object's name (default: the plan's file name)")
     k8s.add_argument("--routing", metavar="ROUTING",
-                     help="router (default: our P/D router) or epp (llm-d's InferencePool and "
-                          "endpoint picker)")
-    k8s.add_argument("--image", metavar="IMAGE", help="the engine pods' image (default "
-                                                      "vllm/vllm-openai:v0.32.0)")
+                     help="llm-d flavor: router (default: our P/D router) or epp (llm-d's "
+                          "InferencePool and endpoint picker)")
+    k8s.add_argument("--image", metavar="IMAGE",
+                     help="the engine pods' image (default: the flavor's, "
+                          "vllm/vllm-openai:v0.32.0 for llm-d)")
     k8s.add_argument("--router-image", metavar="IMAGE",
                      help="our router's image, as `make router-image` builds and you push it "
                           "(default rackplan-router:0.1.0)")

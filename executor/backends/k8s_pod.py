@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from executor.backends.layout import HOST_ENV
 from executor.records import LaunchRecord
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import load_hardware
@@ -167,7 +168,7 @@ def engine_env(process: LaunchRecord, settings: PodSettings,
     fabric's, the model cache's and `extra`."""
     env: list[dict[str, Any]] = []
     for key, value in sorted(process.env.items()):
-        if key == "VLLM_NIXL_SIDE_CHANNEL_HOST":
+        if key in HOST_ENV:
             env.append({"name": key, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         else:
             env.append({"name": key, "value": value})

@@ -2,17 +2,19 @@
 
 The flavor (`--flavor`, a table in executor/flavors/) decides which objects a deployment becomes:
 llm-d (the default) is one LeaderWorkerSet per role in llm-d's wide-EP conventions
-(executor/flavors/llm_d.py). Every flavor's engine pods share what executor/backends/k8s_pod.py
-sets (the fabric of the hardware: InfiniBand devices or an NVL72 ComputeDomain; the model
-volume, HF_TOKEN from a Secret; resources, probes), and the routing (`--routing`: our router, or
-llm-d's InferencePool and endpoint picker) is executor/backends/k8s_router.py's. Names come from
-the plan (`--name`, default the plan's file name); the pods serve the model by its Hugging Face id
-(a preset's) or by a path on the model volume.
+(executor/flavors/llm_d.py), dynamo one DynamoGraphDeployment (executor/flavors/dynamo.py),
+kserve one LLMInferenceService (executor/flavors/kserve.py). Every flavor's engine pods share
+what executor/backends/k8s_pod.py sets: the fabric of the hardware (InfiniBand devices, or an
+NVL72 ComputeDomain), the model volume, HF_TOKEN from a Secret, resources and probes. llm-d's
+routing (`--routing`: our router, or its InferencePool and endpoint picker) is
+executor/backends/k8s_router.py's; the other flavors route through their own frontends. Names
+come from the plan (`--name`, default the plan's file name); the pods serve the model by its
+Hugging Face id (a preset's) or by a path on the model volume.
 
 `render` writes one YAML file per object and a kustomization.yaml listing them under
 <run_dir>/kubernetes/ (`kubectl apply -k` that folder to deploy it by hand); `launch` applies the
-kustomization, `wait_ready` waits for what the flavor names and then sends one completion from
-inside the cluster, `teardown` deletes what was applied.
+kustomization, `wait_ready` waits for what the flavor names and then, where the flavor says
+where, sends one completion from inside the cluster; `teardown` deletes what was applied.
 """
 
 from __future__ import annotations

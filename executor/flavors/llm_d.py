@@ -188,7 +188,8 @@ class LlmD(Flavor):
 def pod_script(layout: RoleLayout, record: LaunchRecord) -> str:
     """The `sh -c` command of a pod of a multi-pod instance: vllm with its start rank from
     $LWS_WORKER_INDEX x $DP_SIZE_LOCAL and the head's address from $LWS_LEADER_ADDRESS (the
-    last pod of an uneven instance runs the ranks left)."""
+    last pod of an uneven instance runs the ranks left, though it asks for a full pod's GPUs:
+    a LeaderWorkerSet's pods are alike)."""
     exprs = {"address": "${LWS_LEADER_ADDRESS}",
              "start_rank": "$((LWS_WORKER_INDEX * DP_SIZE_LOCAL))", "local": "${DP_SIZE_LOCAL}"}
     if len({layout.local_ranks(h) for h in range(layout.hosts)}) > 1:

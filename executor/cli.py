@@ -7,11 +7,11 @@ engine rackplan does not deploy is refused by name), checks them against vLLM's 
 --check-flags, their command lines with vLLM's own parser), then hands them to a backend: with
 --dry-run it prints what the backend says (`local`: each process's command line;
 `kubernetes`/`slurm`: the files written); a target's own flags (kubernetes: --flavor, --name,
---routing, --image, --router-image, --model-volume, --hf-token-secret, --namespace) go to its
-backend, and a flag the target does not take is refused; without it the backend launches, waits
-until every instance answers, prints the router's URL and — for a foreground target (`local`) —
-serves until Ctrl-C, then tears down. Every target-specific step is the backend's own
-(executor/backends/).
+--routing, --gateway, --image, --router-image, --model-volume, --hf-token-secret, --namespace)
+go to its backend, and a flag the target does not take is refused; without it the backend
+launches, waits until every instance answers, prints the router's URL and — for a foreground
+target (`local`) — serves until Ctrl-C, then tears down. Every target-specific step is the
+backend's own (executor/backends/).
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ def register(sub: Any) -> None:
                      help="the Secret whose HF_TOKEN key the pods read (default hf-token; "
                           "optional)")
     k8s.add_argument("--namespace", metavar="NS", help="namespace (default: kubectl's current)")
+    k8s.add_argument("--gateway", metavar="GATEWAY",
+                     help="with --routing epp: the Gateway the HTTPRoute to the InferencePool "
+                          "hangs from (default inference-gateway)")
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("bench", help="measure a running deployment and compare with the plan")
@@ -156,7 +159,7 @@ def local_command_lines(backend: Backend) -> list[str]:
 
 
 TARGET_FLAGS = ("flavor", "name", "routing", "image", "router_image", "model_volume",
-                "hf_token_secret", "namespace")
+                "hf_token_secret", "namespace", "gateway")
 """Deploy flags a target takes when its class lists them in `deploy_options`."""
 
 

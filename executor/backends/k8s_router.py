@@ -8,8 +8,9 @@ URL of every pod that serves HTTP in each role and the plan's router policy of e
 (inference.networking.k8s.io/v1) over every engine pod of the deployment, its endpoint picker
 (llm-d's inference scheduler, EPP) with a prefill/decode profile that sends each request's
 prefill to a prefill pod and its decode to a decode pod, whose routing sidecar (in front of
-vLLM on the pool's port) runs the prefill first. A Gateway's HTTPRoute to the pool is the
-cluster's own (its Gateway class); rackplan writes the pool, not the Gateway.
+vLLM on the pool's port) runs the prefill first, and an HTTPRoute from the cluster's Gateway
+(`--gateway`, of the Gateway class the cluster runs; rackplan does not write the Gateway) to the
+pool.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class RoutingContext:
     port: int
     """Our router's port."""
     settings: PodSettings
+    gateway: str = "inference-gateway"
+    """The Gateway (in the deployment's namespace) whose HTTPRoute sends requests to the
+    InferencePool."""
 
 
 class Routing(ABC):
@@ -168,7 +172,7 @@ class InferencePoolRouting(Routing):
 
     @property
     def url(self) -> str:
-        return f"inferencepool/{self.ctx.app} (attach an HTTPRoute from your Gateway)"
+        return f"the Gateway {self.ctx.gateway} (HTTPRoute {self.ctx.app})"
 
     def objects(self) -> list[dict[str, Any]]:
         app, epp = self.ctx.app, self.epp_name
@@ -205,8 +209,16 @@ class InferencePoolRouting(Routing):
                  {"apiGroups": ["inference.networking.x-k8s.io"],
                   "resources": ["inferenceobjectives", "inferencemodelrewrites"],
                   "verbs": ["get", "list", "watch"]}]
+        route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                 "metadata": {"name": app, "labels": self.ctx.labels},
+                 "spec": {"parentRefs": [{"group": "gateway.networking.k8s.io",
+                                          "kind": "Gateway", "name": self.ctx.gateway}],
+                          "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                                     "backendRefs": [{"group": "inference.networking.k8s.io",
+                                                      "kind": "InferencePool", "name": app}],
+                                     "timeouts": {"request": "0s", "backendRequest": "0s"}}]}}
         return [
-            pool,
+            pool, route,
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
              "rules": rules},

@@ -69,14 +69,15 @@ class KubernetesBackend(Backend):
     name: ClassVar[str] = "kubernetes"
     deploy_options: ClassVar[tuple[str, ...]] = (
         "flavor", "name", "routing", "image", "router_image", "model_volume",
-        "hf_token_secret", "namespace")
+        "hf_token_secret", "namespace", "gateway")
     """The `rackplan deploy` options this target takes (its keyword arguments)."""
 
     def __init__(self, rendered: Rendered, run_dir: Path, *, name: str | None = None,
                  namespace: str | None = None, flavor: str = DEFAULT_FLAVOR,
                  routing: str | None = None, image: str | None = None,
                  router_image: str = ROUTER_IMAGE, model_volume: str = "pvc:hf-cache",
-                 hf_token_secret: str = "hf-token", hardware: str | None = None) -> None:
+                 hf_token_secret: str = "hf-token", gateway: str = "inference-gateway",
+                 hardware: str | None = None) -> None:
         super().__init__(rendered, run_dir)
         self.app = dns_label(name or Path(run_dir).name.removeprefix("deploy-"), limit=40)
         """Prefix of every object's name."""
@@ -98,7 +99,8 @@ class KubernetesBackend(Backend):
         self.layouts = role_layouts(rendered)
         self.flavor: Flavor = cls(Target(
             app=self.app, rendered=rendered, layouts=tuple(self.layouts),
-            model=served_model(self.layouts[0].model), settings=self.settings, routing=routing))
+            model=served_model(self.layouts[0].model), settings=self.settings, routing=routing,
+            gateway=dns_label(gateway, limit=63)))
         self.files: list[Path] = []
         self._applied = False
 

@@ -33,6 +33,8 @@ class Target:
     routing: str | None
     """The `--routing` choice (executor/backends/k8s_router.py's ROUTINGS); None for a flavor
     that routes through its own frontend."""
+    gateway: str = "inference-gateway"
+    """The Gateway an InferencePool's HTTPRoute hangs from (`--gateway`)."""
 
     def labels(self, component: str | None = None) -> dict[str, str]:
         out = {"app.kubernetes.io/name": "rackplan", "app.kubernetes.io/instance": self.app}

@@ -56,6 +56,7 @@ class LlmD(Flavor):
         self.routing_name = target.routing or self.routings[0]
         self.routing: Routing = ROUTINGS[self.routing_name](RoutingContext(
             app=target.app, labels=target.labels(), port=self._router_port(),
+            gateway=target.gateway,
             settings=target.settings, targets=tuple(
                 RouteTarget(lay.role, self.pod_urls(lay),
                             target.rendered.router_policies.get(f"{lay.role}_policy"))

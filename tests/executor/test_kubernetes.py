@@ -104,6 +104,9 @@ def test_the_schemas_refuse_what_the_api_server_would_and_name_the_field(tmp_pat
     (domain,) = by_kind(objs, "ComputeDomain")
     refused(domain, lambda o: o["spec"]["channel"].update(allocationMode="Some"),
             r"\$\.spec\.channel\.allocationMode: 'Some' is not one of")
+    (route,) = by_kind(objs, "HTTPRoute")
+    refused(route, lambda o: o["spec"]["rules"][0]["matches"][0]["path"].update(type="Glob"),
+            r"\$\.spec\.rules\[0\]\.matches\[0\]\.path\.type: 'Glob' is not one of")
     deployment = by_kind(objs, "Deployment")[0]
     refused(deployment, lambda o: o["spec"]["template"]["spec"]["containers"][0].update(
         comand=["x"]), r"containers\[0\]: .*'comand'")
@@ -279,6 +282,13 @@ def test_epp_routing_is_an_inference_pool_its_picker_and_decode_sidecars(tmp_pat
         "app.kubernetes.io/instance": "dsv3", "llm-d.ai/inference-serving": "true"}
     assert pool["spec"]["targetPorts"] == [{"number": 8000}]
     assert pool["spec"]["endpointPickerRef"] == {"name": "dsv3-epp", "port": {"number": 9002}}
+    (route,) = by_kind(objs, "HTTPRoute")
+    assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io",
+                                            "kind": "Gateway", "name": "inference-gateway"}]
+    assert route["spec"]["rules"][0]["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "dsv3"}]
+    _, other = written(tmp_path, routing="epp", gateway="prod-gw")
+    assert by_kind(other, "HTTPRoute")[0]["spec"]["parentRefs"][0]["name"] == "prod-gw"
     (epp,) = by_kind(objs, "Deployment")
     args = epp["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["--pool-name", "dsv3"]

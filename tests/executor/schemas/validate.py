@@ -17,6 +17,7 @@ CRDS = {
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkerset-v1.crd.json"),
     "InferencePool": ("inference.networking.k8s.io/v1", "inferencepool-v1.crd.json"),
     "ComputeDomain": ("resource.nvidia.com/v1beta1", "computedomain-v1beta1.crd.json"),
+    "HTTPRoute": ("gateway.networking.k8s.io/v1", "httproute-v1.crd.json"),
     "DynamoGraphDeployment": ("nvidia.com/v1alpha1", "dynamographdeployment-v1alpha1.crd.json"),
     "LLMInferenceService": ("serving.kserve.io/v1alpha2", "llminferenceservice-v1alpha2.crd.json"),
 }

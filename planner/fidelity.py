@@ -26,7 +26,9 @@ throughput error (exp(-over), without the prior: this rule orders the simulation
 decide feasibility) where that is wider. Objective pareto: it is not dominated by a feasible
 simulated plan on both axes by `margin`, or by the measured error of that axis where wider. A
 point whose estimate matches one already simulated (it differs only in what the screen cannot
-see, such as redundant experts or an unreached batch limit) is not simulated again. The first
+see, such as redundant experts or an unreached batch limit) is not simulated again — unless
+that one missed the SLOs by at most `near` (10 %), where what the screen cannot see may tip it
+over, and then for at most `near_twins` twins of one estimate. The first
 `warmup` screened points are only screened, so that the first simulation goes to the best of
 them.
 """
@@ -39,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from planner.objectives import SLO, THROUGHPUT, USER_SPEED, metric_value
+from planner.objectives import SLO, THROUGHPUT, USER_SPEED, metric_value, violation
 from planner.screen import SATURATED_TTFT_MS
 
 Side = Literal["over", "under"]
@@ -105,7 +107,12 @@ class Gate:
     """How much worse than the best so far (relative) a corrected estimate may look."""
     same: float = 0.01
     """Estimates this close (relative, on every metric the gate reads) to a simulated point's
-    count as the same point: simulating it again would teach nothing."""
+    count as the same point: simulating it again would teach nothing — unless that point
+    missed the SLOs by at most `near`, then up to `near_twins` of them are simulated."""
+    near: float = 0.10
+    """Relative SLO miss (summed) of a simulated point within which its twins still run."""
+    near_twins: int = 3
+    """Most simulated twins of one estimate while they all miss by at most `near`."""
     warmup: int = 8
     """Screened points to see before the first simulation, so that it goes to the best of them
     rather than to the first plausible one."""
@@ -164,9 +171,10 @@ class Gate:
                history: Sequence[Seen]) -> Decision:
         """Whether to simulate a point of `layout` with screen `estimate`."""
         fix = _Corrections(self, history)
-        twin = self._twin(layout, estimate, history)
-        if twin is not None:
-            return Decision(False, f"screen: {TWIN} {twin}")
+        twins = self._twins(layout, estimate, history)
+        if twins and (len(twins) >= self.near_twins
+                      or any(not self.near_miss(h) for h in twins)):
+            return Decision(False, f"screen: {TWIN} {twins[0].number}")
         why = self._implausible(layout, estimate, fix)
         if why:
             return Decision(False, why)
@@ -234,15 +242,17 @@ class Gate:
         fit = fix.fit(THROUGHPUT, layout)
         return carried * fit.factor * math.exp(self.error(fit, "over")) < offered
 
-    def _twin(self, layout: str, estimate: Mapping[str, Any],
-              history: Sequence[Seen]) -> int | None:
-        """A simulated point of this layout whose screen estimate matches this one."""
-        for h in history:
-            if h.screen is None or h.metrics is None or h.layout != layout:
-                continue
-            if self.same_estimate(estimate, h.screen):
-                return h.number
-        return None
+    def _twins(self, layout: str, estimate: Mapping[str, Any],
+               history: Sequence[Seen]) -> list[Seen]:
+        """The simulated points of this layout whose screen estimate matches this one."""
+        return [h for h in history if h.screen is not None and h.metrics is not None
+                and h.layout == layout and self.same_estimate(estimate, h.screen)]
+
+    def near_miss(self, h: Seen) -> bool:
+        """A simulated point that missed its SLOs by at most `near` in all: what the screen
+        cannot see (redundant experts, batch limits) may tip a twin of it either way."""
+        return (not h.feasible and h.metrics is not None
+                and violation(h.metrics, self.slos) <= self.near)
 
     def same_estimate(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         """Whether two screen estimates are the same point to the screen (within `same` on

@@ -236,6 +236,8 @@ class Loop:
         self.history = _History()
         self._screens: dict[tuple[bool, float | None], Screen] = {}
         self._enqueued: set[int] = set()
+        self._deferred: dict[int, list[int]] = {}
+        """Pending trial number -> trials screened out this round as twins of it."""
         self._count = 0
         """Trials the study holds, as far as this loop knows."""
         self._waiting: set[int] = set()
@@ -314,6 +316,7 @@ class Loop:
                     self._told(told, progress)
             for told in self._evaluate(pending, pool):
                 self._told(told, progress)
+            self._near_twins(pending)
         except BaseException as e:  # interrupted, or a worker died: leave no trial running
             for t in [*(p.trial for p in pending), *([trial] if trial else [])]:
                 self.study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
@@ -389,6 +392,7 @@ class Loop:
                          and p.record["layout"] == record["layout"] and p.record.get("screen")
                          and self.gate.same_estimate(estimate, p.record["screen"])), None)
             if same is not None:  # simulated in this round: one simulation teaches enough
+                self._deferred.setdefault(same.trial.number, []).append(trial.number)
                 return self._prune(trial, {**record, "stage": "screened_out",
                                            "reason": f"screen: {TWIN} {same.trial.number}"},
                                    violation(estimate, self.config.slos))
@@ -432,6 +436,18 @@ class Loop:
                 changed = {k: v for k, v in point.items() if trial.params.get(k) != v}
                 return other, there, {"repeats": earlier[key], "changed": changed}
         return deployment, load, {}
+
+    def _near_twins(self, pending: list[_Pending]) -> None:
+        """After a round: the twins screened out beside a point that then missed its SLOs
+        narrowly (`Gate.near`) are asked again (up to `Gate.near_twins` in all), since what
+        the screen cannot see may tip them over."""
+        for p in pending:
+            twins = self._deferred.pop(p.trial.number, [])
+            seen = next((h for h in self.history.seen if h.number == p.trial.number), None)
+            if not twins or seen is None or not self.gate.near_miss(seen):
+                continue
+            for number in twins[: self.gate.near_twins - 1]:
+                self._enqueue(number)
 
     def _fewer_gpus(self, gpus: int) -> str:
         """Objective gpus: why a point on `gpus` GPUs need not run ('' when it may)."""

@@ -139,3 +139,19 @@ def test_an_open_loop_overload_within_the_error_is_not_unbounded():
     assert label(why) == "estimate misses ttft_p90_ms" and "unbounded" in why
     # an estimate that does not say the offered rate is taken at its word
     assert gate.implausible("pd", metrics(1000.0, 60.0, ttft=SATURATED_TTFT_MS), seen)
+
+
+def test_twins_of_a_near_miss_are_simulated_a_few_times_then_not():
+    from planner.fidelity import TWIN
+
+    gate = Gate((SLO("ttft_p90_ms", 2000.0),), warmup=0)
+    est = {"throughput_tok_s_gpu": 100.0, "tok_s_user": {"p50": 40.0, "p90": 40.0},
+           "tpot_ms": {"p90": 25.0}, "ttft_ms": {"p90": 1600.0}}
+    near = {**est, "ttft_ms": {"p90": 2100.0}}  # missed by 5 %: redundant experts may tip it
+    far = {**est, "ttft_ms": {"p90": 3000.0}}  # missed by 50 %: a twin cannot make it
+    assert gate.decide("aggregated", est, [Seen(0, "aggregated", est, near)]).simulate
+    history = [Seen(i, "aggregated", est, near) for i in range(gate.near_twins)]
+    d = gate.decide("aggregated", est, history)
+    assert not d.simulate and TWIN in d.reason
+    d = gate.decide("aggregated", est, [Seen(0, "aggregated", est, far)])
+    assert not d.simulate and d.reason == f"screen: {TWIN} 0"

@@ -420,3 +420,30 @@ def test_pods_of_attention_dp_over_tp_groups_ask_for_every_gpu_they_use(tmp_path
     assert {"name": "DP_SIZE_LOCAL", "value": "2"} in container["env"]
     assert '"$((LWS_WORKER_INDEX * DP_SIZE_LOCAL))"' in container["args"][0]
     assert pod_spec(lws)["containers"][0]["args"][0].count("--tensor-parallel-size 4") == 1
+
+
+def test_vllm_s_own_parser_accepts_every_pod_s_command(tmp_path):
+    """The commands the pods run — each pod's script run for real, a one-pod instance's args
+    with Kubernetes' $(VAR) expanded — parse with vLLM's own parser (skipped without the
+    engine environment)."""
+    from executor.vllm_args import check_with_vllm
+
+    argvs = []
+    for rendering in (v4_rendering, lambda: rendering_of(V3)):
+        backend, objs = written(tmp_path, rendering())
+        for layout, lws in zip(backend.layouts, by_kind(objs, "LeaderWorkerSet"), strict=True):
+            container = vllm(lws)
+            local = next(e["value"] for e in container["env"] if e["name"] == "DP_SIZE_LOCAL")
+            if container["command"] == ["/bin/sh", "-c"]:
+                for index in range(layout.hosts):
+                    env_script = f"DP_SIZE_LOCAL={local}; " + container["args"][0]
+                    argvs.append((f"{lws['metadata']['name']} pod {index}",
+                                  run_pod(tmp_path, env_script, index, layout.hosts)))
+            else:
+                args = [a.replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1")
+                        for a in container["args"]]
+                argvs.append((lws["metadata"]["name"], [*container["command"], *args]))
+    result = check_with_vllm(argvs)
+    if result.skipped:
+        pytest.skip(result.skipped)
+    assert not result.errors, result.errors

@@ -98,3 +98,26 @@ def test_a_routing_of_llm_d_is_refused_for_a_flavor_with_its_own_frontend(tmp_pa
     with pytest.raises(SpecError, match="the dynamo flavor routes through its own frontend; "
                                         "--routing epp applies to the flavors that take it"):
         objects(tmp_path, routing="epp")
+
+
+def test_vllm_s_own_parser_accepts_the_workers_engine_flags(tmp_path):
+    """A worker's arguments, less Dynamo's own (--model's value becomes the positional model;
+    --connector and --is-prefill-worker are dynamo.vllm's), parse with vLLM's own parser
+    (skipped without the engine environment)."""
+    from executor.vllm_args import check_with_vllm
+
+    argvs = []
+    for rendering in (v3, v4):
+        graph = objects(tmp_path, rendering())[-1]
+        for name, service in graph["spec"]["services"].items():
+            if service["componentType"] != "worker":
+                continue
+            args = list(service["extraPodSpec"]["mainContainer"]["args"])
+            assert args[0] == "--model" and args[2:4] == ["--connector", "nixl"]
+            rest = [a for a in args[4:] if a != "--is-prefill-worker"]
+            argvs.append((f"{graph['metadata']['name']} {name}",
+                          ["vllm", "serve", args[1], *rest]))
+    result = check_with_vllm(argvs)
+    if result.skipped:
+        pytest.skip(result.skipped)
+    assert not result.errors, result.errors

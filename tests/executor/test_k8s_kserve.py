@@ -85,3 +85,26 @@ def test_the_model_is_a_hub_uri_or_a_folder_on_a_claim(tmp_path):
     with pytest.raises(SpecError, match=r"reads a model folder \(/models/DeepSeek-V3\) from a "
                                         "PersistentVolumeClaim only"):
         objects(tmp_path, model_volume="host:/mnt/models")
+
+
+def test_vllm_s_own_parser_accepts_what_kserve_passes_on(tmp_path):
+    """VLLM_ADDITIONAL_ARGS with the parallelism KServe adds from the service's fields parse
+    with vLLM's own parser (skipped without the engine environment)."""
+    from executor.vllm_args import check_with_vllm
+
+    argvs = []
+    for rendering in (v3, v4):
+        (svc,) = objects(tmp_path, rendering())[-1:]
+        spec = svc["spec"]
+        for name, workload in (("decode", spec), ("prefill", spec["prefill"])):
+            env = {e["name"]: e.get("value") for e in workload["template"]["containers"][0]["env"]}
+            p = workload["parallelism"]
+            argvs.append((f"{svc['metadata']['name']} {name}", [
+                "vllm", "serve", spec["model"]["name"],
+                *shlex.split(env["VLLM_ADDITIONAL_ARGS"]),
+                "--tensor-parallel-size", str(p["tensor"]), "--data-parallel-size",
+                str(p["data"]), "--data-parallel-size-local", str(p["dataLocal"])]))
+    result = check_with_vllm(argvs)
+    if result.skipped:
+        pytest.skip(result.skipped)
+    assert not result.errors, result.errors

@@ -163,17 +163,18 @@ def model_label(model: str) -> str:
 
 
 def engine_env(process: LaunchRecord, settings: PodSettings,
-               extra: tuple[tuple[str, str], ...] = ()) -> list[dict[str, Any]]:
-    """The engine container's environment: the record's (its own host from the pod IP), the
-    fabric's, the model cache's and `extra`."""
+               extra: tuple[tuple[str, str], ...] = (), cache: bool = True) -> list[dict[str, Any]]:
+    """The engine container's environment: the record's (its own host from the pod IP), `extra`,
+    the fabric's, the Hugging Face cache on the model volume (unless `cache` is False: a
+    flavor that fetches the model itself) and HF_TOKEN."""
     env: list[dict[str, Any]] = []
     for key, value in sorted(process.env.items()):
         if key in HOST_ENV:
             env.append({"name": key, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         else:
             env.append({"name": key, "value": value})
-    env += [{"name": k, "value": v} for k, v in (*extra, *settings.fabric.env,
-                                                 ("HF_HUB_CACHE", HF_HUB_CACHE))]
+    hub = (("HF_HUB_CACHE", HF_HUB_CACHE),) if cache else ()
+    env += [{"name": k, "value": v} for k, v in (*extra, *settings.fabric.env, *hub)]
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
         "name": settings.hf_token_secret, "key": "HF_TOKEN", "optional": True}}})
     return env

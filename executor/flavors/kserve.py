@@ -71,7 +71,7 @@ class KServe(Flavor):
         container: dict[str, Any] = {
             "name": "main",
             "env": engine_env(head, settings, (("VLLM_ADDITIONAL_ARGS",
-                                                 self.additional_args(layout)),)),
+                                                 self.additional_args(layout)),), cache=False),
             "resources": engine_resources(layout.gpus_per_host, settings.fabric),
             **probes(KSERVE_PORT, scheme="HTTPS")}
         if settings.fabric.capabilities:

@@ -71,6 +71,7 @@ def test_decode_at_the_top_prefill_in_its_block_with_their_parallelism(tmp_path)
         args = shlex.split(env["VLLM_ADDITIONAL_ARGS"])
         assert role in args[args.index("--kv-transfer-config") + 1]
         assert "--data-parallel-size" not in args and "--port" not in args
+        assert "HF_HUB_CACHE" not in env  # KServe's storage fetches the model
         assert main["resources"]["limits"]["nvidia.com/gpu"] == "8"
         assert main["resources"]["limits"]["rdma/ib"] == "1"
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):

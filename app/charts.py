@@ -132,3 +132,36 @@ def pareto_figure(points: Sequence[Mapping[str, Any]], chosen: int | None) -> go
     fig.update_xaxes(title_text="tokens/s per user (p50)")
     fig.update_yaxes(title_text="throughput per GPU (tok/s)")
     return _layout(fig, "Throughput per GPU vs tokens/s per user", height=420)
+
+
+def curves_figure(sweep: Mapping[str, Any], user_floor: float | None = None,
+                  unit: str = "") -> go.Figure:
+    """The load sweep: per swept deployment, throughput per GPU against tokens/s per user, one
+    point per load (hollow where an SLO is missed), the envelope over every deployment and load,
+    and the tokens/s-per-user SLO as a vertical line."""
+    axis = str(sweep.get("user_axis", "tok_s_user_p50"))
+    fig = go.Figure()
+    for curve in sweep.get("curves", []):
+        pts = [p for p in curve["points"] if p.get(axis) is not None]
+        fig.add_trace(go.Scatter(
+            x=[p[axis] for p in pts], y=[p["throughput_tok_s_gpu"] for p in pts],
+            mode="lines+markers+text", name=curve["label"],
+            text=[f"{p['load']:g}" for p in pts], textposition="top center",
+            marker={"size": 9, "symbol": ["circle" if p["meets_slo"] else "circle-open"
+                                          for p in pts]},
+            hovertemplate=f"%{{text}} {unit}<br>%{{x:.1f}} tok/s/user, "
+                          "%{y:,.0f} tok/s/GPU<extra></extra>"))
+    env = sorted((p for p in sweep.get("envelope", []) if p.get(axis) is not None),
+                 key=lambda p: p[axis])
+    if env:
+        fig.add_trace(go.Scatter(x=[p[axis] for p in env],
+                                 y=[p["throughput_tok_s_gpu"] for p in env],
+                                 mode="lines", line={"shape": "vh", "width": 3, "color": "black"},
+                                 name="envelope (any deployment and load)"))
+    if user_floor is not None:
+        fig.add_vline(x=user_floor, line_dash="dash", line_color="gray",
+                      annotation_text=f"SLO {user_floor:g} tok/s/user")
+    label = "90 % of requests reach" if axis == "tok_s_user_p90" else "median"
+    fig.update_xaxes(title_text=f"tokens/s per user ({label})")
+    fig.update_yaxes(title_text="throughput per GPU (tok/s)")
+    return _layout(fig, "Across load: throughput per GPU vs tokens/s per user", height=420)

@@ -18,8 +18,10 @@ from typing import Any
 import yaml
 
 from app.formatting import flatten, show
+from planner.curves import curves, user_axis
+from planner.load import ladder, load_kind
 from planner.objectives import SLO, merge_slos, metric_value, parse_slo
-from planner.plan import Summary, build_plan, describe, summarize
+from planner.plan import Summary, advice, build_plan, describe, summarize, why_chosen
 from planner.search import SearchConfig, finished, records, run_search
 from planner.space import LAYOUTS, build_space
 from planner.storage import redact
@@ -56,6 +58,9 @@ class SearchForm:
     storage: str = "sqlite:///runs/rackplan.db"
     study: str = ""
     """Study name; empty: derived from the search, so the same search resumes."""
+    loads: str = ""
+    """Offered loads to search too (as `rackplan search --loads`: auto or a list); empty:
+    the workload's own load only."""
 
 
 def slos_of(form: SearchForm) -> tuple[SLO, ...]:
@@ -80,7 +85,8 @@ def search_config(form: SearchForm) -> SearchConfig:
         space=build_space(form.model, form.hardware, form.gpus, layouts=tuple(form.layouts)),
         workload=form.workload, slos=slos_of(form), objective=form.objective,
         trials=form.trials, seed=form.seed, storage=form.storage.strip(),
-        study=form.study.strip() or None)
+        study=form.study.strip() or None,
+        loads=ladder(form.workload, form.loads) if form.loads.strip() else ())
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,19 @@ class SearchOutcome:
     ran: int
     """Trials this run added (0: the study already held them all)."""
     wall_s: float
+    sweep: Mapping[str, Any] | None = None
+    """The throughput-interactivity curves (`planner.curves.curves`); None: not computed."""
+
+    @property
+    def why(self) -> str:
+        """Why the chosen plan won ('' without one)."""
+        return why_chosen(self.summary, self.config.objective)
+
+    @property
+    def advice(self) -> list[str]:
+        """What would make an infeasible search feasible ([] with a plan)."""
+        unit = load_kind(self.config.workload).unit if self.config.loads else ""
+        return advice(self.summary, self.config.loads, self.config.space.gpus, unit)
 
 
 def best_text(summary: Summary) -> str:
@@ -122,14 +141,23 @@ def run(config: SearchConfig, progress: SearchProgress | None = None) -> SearchO
 
     study = run_search(config, progress=report)
     recs = records(finished(study))
-    summary = summarize(recs, config.slos)
+    summary = summarize(recs, config.slos, config.objective)
+    sweep = curves(summary, recs, config.curves, user_axis(config.slos))
     name, storage = config.study_name(), redact(config.storage)
     plan = None
     if summary.best is not None:
         plan = build_plan(summary, config.workload, config.slos, config.objective, config.seed,
-                          name, storage)
+                          name, storage, sweep)
     return SearchOutcome(config, summary, recs, plan, name, storage, ran=len(counted),
-                         wall_s=time.monotonic() - start)
+                         wall_s=time.monotonic() - start, sweep=sweep)
+
+
+def reason_rows(summary: Summary) -> list[dict[str, Any]]:
+    """Why trials did not become the plan: one row per stage and reason, with its count."""
+    titles = {"rejected": "rejected", "screened_out": "screened out",
+              "missed_slo": "simulated, missed", "failed": "failed"}
+    return [{"stage": titles.get(stage, stage), "reason": label, "trials": n}
+            for stage, got in summary.reasons.items() for label, n in got.items()]
 
 
 def simulated(recs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

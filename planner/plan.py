@@ -219,10 +219,12 @@ def why_chosen(summary: Summary, objective: str = "slo") -> str:
 
 def advice(summary: Summary, swept: tuple[float, ...], gpus: int, unit: str = "") -> list[str]:
     """When no plan meets the SLOs, what would, in numbers: the bound that admits the closest
-    plan for each SLO it misses, the load (searched or not), more GPUs; [] with a plan."""
-    if summary.best is not None or summary.closest is None:
+    plan for each SLO it misses (when one was simulated), the load (searched or not), more
+    GPUs; [] with a plan."""
+    if summary.best is not None:
         return []
-    out = []
+    out = [] if summary.closest is not None else [
+        "none reached a simulation: every screen estimate missed (see the reasons)"]
     for e in summary.standing:
         if e["margin"] < 0 and e["value"] is not None:
             op = e["slo"].split(" ")[1]

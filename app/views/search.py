@@ -14,12 +14,14 @@ from app.searching import (
     front_points,
     plan_diff,
     plan_yaml,
+    reason_rows,
     run,
     search_config,
     top_plans,
 )
 from app.widgets import errors_shown, model_and_hardware, with_status, workload_input
 from planner import defaults
+from planner.load import load_text
 from planner.plan import describe
 from planner.space import LAYOUTS
 from simulator.specs.workload import Workload
@@ -52,6 +54,8 @@ def inputs() -> Callable[[], SearchForm]:
         trials = c4.number_input("Trials", 1, 10_000, 30, key=f"{P}_trials")
         seed = c5.number_input("Sampler seed", 0, 2**31 - 1, 0, key=f"{P}_seed")
         layouts = c6.multiselect("Layouts", list(LAYOUTS), list(LAYOUTS), key=f"{P}_layouts")
+        loads = st.text_input("Search the load too (auto, or users / requests/s such as "
+                              "8,16,64; empty: the workload's own)", "", key=f"{P}_loads")
     with st.expander("Storage"):
         storage = st.text_input("Optuna storage (the same search resumes)", defaults.STORAGE,
                                 key=f"{P}_storage")
@@ -64,7 +68,7 @@ def inputs() -> Callable[[], SearchForm]:
                           ttft_p90_ms=float(ttft), tok_s_user_p90=float(user),
                           extra_slos=str(extra), objective=str(objective), trials=int(trials),
                           seed=int(seed), layouts=tuple(layouts), storage=str(storage),
-                          study=str(study))
+                          study=str(study), loads=str(loads))
 
     return form
 
@@ -96,10 +100,21 @@ def results(o: SearchOutcome) -> None:
     if s.best is None:
         near = s.closest
         hint = f" Closest: {describe(near['deployment'])}." if near else ""
-        st.warning(f"No plan met the SLOs.{hint} Relax the SLOs or raise the trials.")
+        st.warning(f"No plan met the SLOs.{hint} What would: " + "; ".join(o.advice))
     else:
-        st.success(f"Chosen plan (trial {chosen}): {describe(s.best['deployment'])}")
-    st.plotly_chart(charts.pareto_figure(front_points(o), chosen), key="se_front")
+        at = (f" at {load_text(o.config.workload, s.best['load'])}"
+              if s.best.get("load") is not None else "")
+        st.success(f"Chosen plan (trial {chosen}): {describe(s.best['deployment'])}{at}")
+        st.caption(f"Why this plan: {o.why}")
+    st.markdown("**Why the other trials did not become the plan**")
+    st.dataframe(reason_rows(s), hide_index=True, key="se_reasons")
+    sweep = o.sweep or {}
+    if sweep.get("curves"):
+        axis = sweep.get("user_axis")
+        floor = next((x.value for x in o.config.slos if x.metric == axis), None)
+        st.plotly_chart(charts.curves_figure(sweep, floor), key="se_curves")
+    if any(p["feasible"] for p in front_points(o)):
+        st.plotly_chart(charts.pareto_figure(front_points(o), chosen), key="se_front")
     rows = top_plans(o)
     st.markdown("**Top plans**")
     st.dataframe(rows, hide_index=True, key="se_table")

@@ -106,14 +106,57 @@ def test_search_small_run_shows_front_and_table(tmp_path: Path) -> None:
     at.button(key="se_run").click().run()
     no_problem(at)
     assert at.success[0].value.startswith("Chosen plan (trial ")
+    assert any(c.value.startswith("Why this plan: ") for c in at.caption)
     assert len(at.get("plotly_chart")) == 1
-    table = at.dataframe[0].value
+    reasons = at.dataframe[0].value
+    assert set(reasons.columns) == {"stage", "reason", "trials"}
+    table = at.dataframe[1].value
     assert len(table) >= 2 and table["meets SLOs"].iloc[0]
     assert table["plan"].iloc[0].startswith("★ ")
-    diff = at.dataframe[1].value
+    diff = at.dataframe[2].value
     assert "throughput_tok_s_gpu" in list(diff["what"])
     plan = at.session_state["plan"]
     assert plan.origin == "the Search page" and plan.plan["predicted"]["completed"] == 200
+
+
+def test_an_infeasible_search_shows_reasons_and_what_would_help(tmp_path: Path) -> None:
+    at = page("search")
+    at.selectbox(key="se_model").set_value("deepseek-v3")
+    at.selectbox(key="se_hardware").set_value("h200")
+    at.number_input(key="se_gpus").set_value(16)
+    at.radio(key="se_wl_source").set_value("custom traffic").run()
+    at.number_input(key="se_wl_requests").set_value(16)
+    at.number_input(key="se_wl_output").set_value(16)
+    at.number_input(key="se_ttft").set_value(0.001)  # no plan can meet it
+    at.number_input(key="se_user").set_value(0.0)
+    at.number_input(key="se_trials").set_value(4)
+    at.text_input(key="se_storage").set_value(f"sqlite:///{tmp_path / 'ui.db'}")
+    at.button(key="se_run").click().run()
+    no_problem(at)
+    warning = at.warning[0].value
+    assert "No plan met the SLOs" in warning and "--loads auto" in warning
+    assert "more GPUs than 16" in warning
+    reasons = at.dataframe[0].value
+    assert (reasons["trials"] > 0).all() and reasons["trials"].sum() == 4
+    assert not at.get("plotly_chart")  # no empty Pareto chart
+
+
+def test_search_with_the_load_searched_draws_the_curves(tmp_path: Path) -> None:
+    at = page("search")
+    at.selectbox(key="se_model").set_value("deepseek-v3")
+    at.selectbox(key="se_hardware").set_value("h200")
+    at.number_input(key="se_gpus").set_value(16)
+    at.radio(key="se_wl_source").set_value("custom traffic").run()
+    at.number_input(key="se_wl_requests").set_value(16)
+    at.number_input(key="se_wl_output").set_value(16)
+    at.number_input(key="se_user").set_value(0.0)
+    at.number_input(key="se_trials").set_value(4)
+    at.text_input(key="se_loads").set_value("2,8")
+    at.text_input(key="se_storage").set_value(f"sqlite:///{tmp_path / 'ui.db'}")
+    at.button(key="se_run").click().run()
+    no_problem(at)
+    assert " at " in at.success[0].value  # the chosen plan names its load
+    assert len(at.get("plotly_chart")) == 2  # the curves, and the front
 
 
 def test_search_bad_slo_is_an_error() -> None:

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from kernels.shapes import OPS
 from simulator.specs.errors import SpecError
+from simulator.specs.paths import writable
 
 DEFAULT_MODEL = {"cpu": "tiny-moe", "cuda": "deepseek-v3"}
 INSTALL_HINT = "pip install 'rackplan[kernels]'"
@@ -58,6 +59,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                         f"{INSTALL_HINT}") from None
     model = args.model or DEFAULT_MODEL[device]
     out = args.out or f"runs/calibration/{device}-{re.sub(r'[^A-Za-z0-9._-]+', '_', model)}"
+    writable(out, "--out", folder=True)
     with Progress(TextColumn("calibrating {task.fields[label]}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
                   transient=True, disable=not sys.stderr.isatty()) as bar:

@@ -26,6 +26,7 @@ from kernels.cli import register as register_calibrate
 from planner import defaults
 from planner.objectives import metric_value
 from simulator.specs.errors import SpecError
+from simulator.specs.paths import writable
 
 EXIT_BAD_INPUT = 2
 CALIBRATION_HELP = ("tables written by `rackplan calibrate --out DIR`, preferred over the shipped "
@@ -274,7 +275,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             rows = rows[rows[col] == want]
     if args.sample and args.sample < len(rows):
         rows = rows.sample(args.sample, random_state=args.seed).sort_index()
-    out = Path(args.out)
+    out = writable(args.out, "--out")
     out.parent.mkdir(parents=True, exist_ok=True)
     journal = out.with_name(out.name + ".partial")
     if args.restart:
@@ -354,6 +355,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         workload, loads = for_target(workload, target.metric, target.value, loads)
         objective = "gpus"
     plot = check_chart_path(args.plot) if args.plot else None
+    writable(args.out, "--out")
     config = SearchConfig(
         space=build_space(args.model, args.hardware, args.gpus), workload=workload,
         slos=slos, objective=objective, trials=args.trials, seed=args.seed,

@@ -23,6 +23,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from planner.defaults import STORAGE
 from simulator.specs.errors import SpecError
+from simulator.specs.paths import writable
 
 Direction = Literal["maximize", "minimize"]
 DEFAULT_STORAGE = STORAGE
@@ -40,13 +41,13 @@ def open_storage(url: str) -> BaseStorage:
         path = Path(url[len("journal:"):]).expanduser()
         if not path.name:
             raise SpecError(f"--storage {url!r} names no file; use journal:PATH")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        writable(path, "--storage").parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         if str(path) not in ("", ":memory:"):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            writable(path, "--storage").parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     elif "://" not in url:
         raise SpecError(f"--storage {url!r} is not a storage URL; use sqlite:///PATH, another "

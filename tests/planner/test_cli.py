@@ -204,3 +204,13 @@ def test_compare_puts_plans_side_by_side_and_marks_what_differs(tmp_path):
 def test_compare_refuses_what_is_not_a_plan(tmp_path):
     assert_one_line_error(run_cli("compare", "examples/deepseek-v3-h200-pd.yaml"),
                           "deepseek-v3-h200-pd.yaml", "not a plan.yaml")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("search", "--out", "/proc/x/plan.yaml"), "--out '/proc/x/plan.yaml': cannot write in"),
+    (("search", "--storage", "sqlite:////proc/s.db"), "--storage '/proc/s.db': cannot write"),
+    (("validate", "--out", "/proc/v.csv"), "--out '/proc/v.csv': cannot write in"),
+    (("calibrate", "--device", "cpu", "--out", "/proc/cal"), "--out '/proc/cal': cannot write"),
+])
+def test_outputs_are_checked_before_the_work(args, needle):
+    assert_one_line_error(run_cli(*args), needle)

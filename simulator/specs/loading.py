@@ -71,10 +71,45 @@ def read_yaml(path: Path) -> Any:
         raise SpecError(f"{path}: is not UTF-8 text") from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    loader = yaml.SafeLoader(text)
     try:
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_YAML_NODES:
+            raise SpecError(f"{path}: expands to more than {MAX_YAML_NODES:,} YAML nodes "
+                            "through its anchors and aliases (a spec has hundreds)")
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply to be a spec") from None
+    finally:
+        loader.dispose()
+
+
+MAX_YAML_NODES = 1_000_000
+"""Most nodes a YAML file may expand to once its aliases are followed (a spec has hundreds;
+a file that expands anchors into billions would hang whatever reads it)."""
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes of `node` with every alias expanded (shared nodes counted once per use), computed
+    once per node; stops counting past MAX_YAML_NODES."""
+    key = id(node)
+    if key not in memo:
+        memo[key] = 1  # a cycle (a recursive alias) counts once
+        total = 1
+        children = node.value if isinstance(node.value, list) else []
+        for child in children:
+            parts = child if isinstance(child, tuple) else (child,)
+            for part in parts:
+                total += _expanded_size(part, memo)
+                if total > MAX_YAML_NODES:
+                    break
+        memo[key] = total
+    return memo[key]
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -15,14 +15,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from simulator.specs.errors import SpecError
+from simulator.specs.spec import Spec
 
-_SPEC = ConfigDict(frozen=True, extra="forbid")
+_SPEC = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-class Lognormal(BaseModel):
+class Lognormal(Spec):
     """Log-normal whole numbers (token counts, turn counts), rounded and clipped to [1, max]."""
 
     model_config = _SPEC
@@ -46,7 +47,7 @@ class Lognormal(BaseModel):
         return np.clip(x, 1, self.max).astype(np.int64)
 
 
-class LognormalSeconds(BaseModel):
+class LognormalSeconds(Spec):
     """Log-normal durations in seconds, clipped to [0, max]."""
 
     model_config = _SPEC
@@ -69,7 +70,7 @@ class LognormalSeconds(BaseModel):
         return np.minimum(rng.lognormal(math.log(self.median), self.sigma, n), self.max)
 
 
-class AgentxShape(BaseModel):
+class AgentxShape(Spec):
     """Parameters of a synthetic corpus of AgentX-shaped session trees."""
 
     model_config = _SPEC

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import Dtype
 from simulator.specs.routing import DEFAULT_ROUTER, RouterPolicy
+from simulator.specs.spec import Spec
 
-_SPEC = ConfigDict(frozen=True, extra="forbid")
+_SPEC = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 Role = Literal["prefill", "decode", "aggregated"]
 All2AllBackend = Literal[
@@ -31,7 +32,7 @@ DBO_BACKENDS = ("deepep_low_latency", "deepep_high_throughput")
 """All-to-all backends vLLM's dual-batch overlap (micro-batching) runs with."""
 
 
-class Precision(BaseModel):
+class Precision(Spec):
     """Storage types of the weights and of the KV cache."""
 
     model_config = _SPEC
@@ -45,7 +46,7 @@ class Precision(BaseModel):
     (vLLM --attention-config.use_fp4_indexer_cache) (default fp8)."""
 
 
-class Speculative(BaseModel):
+class Speculative(Spec):
     """Speculative decoding with the model's own multi-token-prediction (MTP) layers."""
 
     model_config = _SPEC
@@ -58,7 +59,7 @@ class Speculative(BaseModel):
     """Probability that a draft token is accepted, in [0, 1] (default 0.7)."""
 
 
-class RoleSpec(BaseModel):
+class RoleSpec(Spec):
     """The engine instances of one role (prefill, decode, or aggregated), all alike."""
 
     model_config = _SPEC
@@ -166,7 +167,7 @@ class RoleSpec(BaseModel):
         return self.router or DEFAULT_ROUTER[role]
 
 
-class Deployment(BaseModel):
+class Deployment(Spec):
     """One serving deployment: what runs, on what, and how the roles are laid out."""
 
     model_config = _SPEC

@@ -6,18 +6,19 @@ import math
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from simulator.specs.agentx import AgentxShape, Lognormal
 from simulator.specs.errors import SpecError
+from simulator.specs.spec import Spec
 
-_SPEC = ConfigDict(frozen=True, extra="forbid")
+_SPEC = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 # --- arrivals -------------------------------------------------------------------------------
 
 
-class ClosedArrival(BaseModel):
+class ClosedArrival(Spec):
     """Closed loop: a fixed number of users, each sends its next request when the last ends."""
 
     model_config = _SPEC
@@ -33,7 +34,7 @@ class ClosedArrival(BaseModel):
     requests do not arrive in lock-step waves (default burst)."""
 
 
-class PoissonArrival(BaseModel):
+class PoissonArrival(Spec):
     """Open loop: exponential inter-arrival times at a mean rate."""
 
     model_config = _SPEC
@@ -48,7 +49,7 @@ class PoissonArrival(BaseModel):
         return rng.exponential(1.0 / self.rate, n)
 
 
-class BurstyArrival(BaseModel):
+class BurstyArrival(Spec):
     """Open loop: gamma inter-arrival times, shape 1/burstiness, at a mean rate."""
 
     model_config = _SPEC
@@ -66,7 +67,7 @@ class BurstyArrival(BaseModel):
         return rng.gamma(shape, 1.0 / (self.rate * shape), n)
 
 
-class TraceArrival(BaseModel):
+class TraceArrival(Spec):
     """Replay of a recorded trace (arrival times and lengths come from the file)."""
 
     model_config = _SPEC
@@ -79,7 +80,7 @@ class TraceArrival(BaseModel):
     """Multiplies the trace's timestamps: 0.5 replays twice as fast (default 1.0)."""
 
 
-class SessionsArrival(BaseModel):
+class SessionsArrival(Spec):
     """Agentic session trees as SemiAnalysis AgentX replays them: `concurrency` lanes, each
     running one tree (a trace's root agent and its subagents) at a time, the next trace from
     turn 0 when a tree drains; initial lanes start at a sampled point t* after a warmup turn.
@@ -129,7 +130,7 @@ Arrival = Annotated[
 # --- length distributions -------------------------------------------------------------------
 
 
-class FixedLength(BaseModel):
+class FixedLength(Spec):
     """Every request has the same length."""
 
     model_config = _SPEC
@@ -148,7 +149,7 @@ class FixedLength(BaseModel):
         return float(self.value)
 
 
-class UniformLength(BaseModel):
+class UniformLength(Spec):
     """Lengths drawn uniformly from low to high, both included."""
 
     model_config = _SPEC
@@ -207,7 +208,7 @@ Length = Annotated[FixedLength | UniformLength | LognormalLength, Field(discrimi
 # --- workload -------------------------------------------------------------------------------
 
 
-class Sessions(BaseModel):
+class Sessions(Spec):
     """Agentic multi-turn traffic: each turn's input holds the whole previous context."""
 
     model_config = _SPEC
@@ -218,7 +219,7 @@ class Sessions(BaseModel):
     """Seconds between a turn's last token and the next turn's arrival (default 0)."""
 
 
-class Workload(BaseModel):
+class Workload(Spec):
     """The traffic a deployment serves in one simulation or benchmark."""
 
     model_config = _SPEC

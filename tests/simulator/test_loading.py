@@ -18,3 +18,25 @@ def test_a_file_that_aliases_into_billions_is_refused_at_once(tmp_path):
     shared = tmp_path / "shared.yaml"
     shared.write_text("base: &b {dep: 8}\nprefill: *b\ndecode: *b\n")
     assert read_yaml(shared)["decode"] == {"dep": 8}  # ordinary anchors still load
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("aggregated: {dep: 8, instances: true}", "instances=true must be a number"),
+    ("aggregated: {dep: 8, gpu_memory_utilization: .nan}", "=nan must be a finite number"),
+])
+def test_a_deployment_refuses_bools_and_nan_for_numbers(tmp_path, text, needle):
+    from simulator.specs.loading import load_deployment
+
+    path = tmp_path / "d.yaml"
+    path.write_text(f"model: deepseek-v3\nhardware: h200\n{text}\n")
+    with pytest.raises(SpecError, match=needle):
+        load_deployment(path)
+
+
+def test_a_workload_refuses_an_infinite_rate(tmp_path):
+    from simulator.specs.loading import load_workload
+
+    path = tmp_path / "w.yaml"
+    path.write_text("arrival: {kind: poisson, rate: .inf}\n")
+    with pytest.raises(SpecError, match="arrival.rate=inf must be a finite number"):
+        load_workload(path)

@@ -33,9 +33,9 @@ def test_what_if_search_and_deploy_in_a_browser(tmp_path: Path) -> None:
     assert re.fullmatch(r"[\d,]+ tok/s", seen.cards["Throughput / GPU"])
     assert re.fullmatch(r"[\d,.]+ ms", seen.cards["TPOT p90"])
     assert seen.charts == 6
-    # search: a chosen plan, its table and the diff of two plans; study kept in the cwd
+    # search: a chosen plan, the reasons, its table and the diff of two plans; study in the cwd
     assert re.match(r"Chosen plan \(trial \d+\): ", seen.chosen), seen.chosen
-    assert seen.plan_rows == 2
+    assert seen.plan_rows == 3  # the reasons, the top plans and the diff of two plans
     assert (tmp_path / "runs" / "rackplan.db").is_file()
     # deploy: the chosen plan's vllm serve commands, rendered for Kubernetes' hosts
     assert "vllm serve deepseek-v4-flash" in seen.commands

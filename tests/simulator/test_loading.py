@@ -38,5 +38,5 @@ def test_a_workload_refuses_an_infinite_rate(tmp_path):
 
     path = tmp_path / "w.yaml"
     path.write_text("arrival: {kind: poisson, rate: .inf}\n")
-    with pytest.raises(SpecError, match="arrival.rate=inf must be a finite number"):
+    with pytest.raises(SpecError, match=r"arrival\.rate=inf must be a finite number"):
         load_workload(path)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from executor.backends.base import Backend, LaunchError
+from executor.lazy import lazy_class
 from executor.records import Rendered
-from simulator.specs.errors import SpecError
 
 BACKENDS: dict[str, str] = {
     "local": "executor.backends.local:LocalBackend",
@@ -20,10 +19,7 @@ BACKENDS: dict[str, str] = {
 
 def backend_class(target: str) -> type[Backend]:
     """The class of `target` (SpecError naming the valid targets when there is none)."""
-    if target not in BACKENDS:
-        raise SpecError(f"unknown target {target!r}; valid targets: {', '.join(BACKENDS)}")
-    module, _, cls = BACKENDS[target].partition(":")
-    backend: type[Backend] = getattr(importlib.import_module(module), cls)
+    backend: type[Backend] = lazy_class(BACKENDS, target, "target")
     return backend
 
 

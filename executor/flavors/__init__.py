@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
-
 from executor.flavors.base import Flavor, Target, Wait
-from simulator.specs.errors import SpecError
+from executor.lazy import lazy_class
 
 FLAVORS: dict[str, str] = {
     "llm-d": "executor.flavors.llm_d:LlmD",
@@ -18,10 +16,7 @@ DEFAULT_FLAVOR = "llm-d"
 
 def flavor_class(name: str) -> type[Flavor]:
     """The class of flavor `name` (SpecError naming the valid flavors when there is none)."""
-    if name not in FLAVORS:
-        raise SpecError(f"unknown flavor {name!r}; valid flavors: {', '.join(FLAVORS)}")
-    module, _, cls = FLAVORS[name].partition(":")
-    flavor: type[Flavor] = getattr(importlib.import_module(module), cls)
+    flavor: type[Flavor] = lazy_class(FLAVORS, name, "flavor")
     return flavor
 
 

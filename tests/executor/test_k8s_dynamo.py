@@ -5,32 +5,16 @@ Dynamo's disaggregation flags, and the fabric, model volume, probes and resource
 import copy
 
 import pytest
-import yaml
 
-from executor.backends.kubernetes import KubernetesBackend
 from simulator.specs.errors import SpecError
-from simulator.specs.loading import load_deployment
-from tests.executor.cluster import MODEL, ROOT
+from tests.executor.cluster import flavor_objects, k8s_v3, k8s_v4
 from tests.executor.schemas.validate import NEWEST, ManifestError, validate
 
-V4 = ROOT / "examples" / "deepseek-v4-flash-gb300-pd.yaml"
-V3 = ROOT / "examples" / "deepseek-v3-h200-pd.yaml"
-
-
-def v3():
-    """The golden P/D example on H200 (InfiniBand), serving a folder on the model volume."""
-    return KubernetesBackend.render_for(load_deployment(V3), MODEL)
+v3, v4 = k8s_v3, k8s_v4
 
 
 def objects(tmp_path, rendered=None, **options) -> list[dict]:
-    backend = KubernetesBackend(rendered or v3(), tmp_path / "deploy-dsv3",
-                                flavor="dynamo", **options)
-    return [yaml.safe_load(p.read_text()) for p in backend.render()[:-1]]
-
-
-def v4():
-    d = load_deployment(V4)
-    return KubernetesBackend.render_for(d, d.model)
+    return flavor_objects(tmp_path, "dynamo", rendered, **options)
 
 
 @pytest.mark.parametrize(("rendering", "oldest"), [(v3, "1.29"), (v4, "1.32")])

@@ -19,25 +19,23 @@ from executor.proxy import RouterConfig
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
 from tests.executor.cluster import (
-    ROOT,
+    V3,
     calls,
     fake_tool,
+    k8s_v4,
     pd_rendering,
     uneven_rendering,
     use_path,
 )
 from tests.executor.schemas.validate import NEWEST, ManifestError, validate
 
-V4 = ROOT / "examples" / "deepseek-v4-flash-gb300-pd.yaml"
-V3 = ROOT / "examples" / "deepseek-v3-h200-pd.yaml"
-
 
 def rendering_of(path: Path):
-    return KubernetesBackend.render_for(load_deployment(path), load_deployment(path).model)
+    d = load_deployment(path)
+    return KubernetesBackend.render_for(d, d.model)
 
 
-def v4_rendering():
-    return rendering_of(V4)
+v4_rendering = k8s_v4
 
 
 def written(tmp_path, rendered=None, **options) -> tuple[KubernetesBackend, list[dict]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -119,7 +120,9 @@ def test_search_small_run_shows_front_and_table(tmp_path: Path) -> None:
     assert plan.origin == "the Search page" and plan.plan["predicted"]["completed"] == 200
 
 
-def test_an_infeasible_search_shows_reasons_and_what_would_help(tmp_path: Path) -> None:
+def small_search(tmp_path: Path, **fields: Any) -> AppTest:
+    """The search page run on DeepSeek-V3 on 16 H200, 16 short requests, 4 trials, no
+    tokens/s-per-user SLO; `fields` sets more inputs by key (numbers or text)."""
     at = page("search")
     at.selectbox(key="se_model").set_value("deepseek-v3")
     at.selectbox(key="se_hardware").set_value("h200")
@@ -127,11 +130,18 @@ def test_an_infeasible_search_shows_reasons_and_what_would_help(tmp_path: Path) 
     at.radio(key="se_wl_source").set_value("custom traffic").run()
     at.number_input(key="se_wl_requests").set_value(16)
     at.number_input(key="se_wl_output").set_value(16)
-    at.number_input(key="se_ttft").set_value(0.001)  # no plan can meet it
     at.number_input(key="se_user").set_value(0.0)
     at.number_input(key="se_trials").set_value(4)
+    for key, value in fields.items():
+        widget = at.text_input(key=key) if isinstance(value, str) else at.number_input(key=key)
+        widget.set_value(value)
     at.text_input(key="se_storage").set_value(f"sqlite:///{tmp_path / 'ui.db'}")
     at.button(key="se_run").click().run()
+    return at
+
+
+def test_an_infeasible_search_shows_reasons_and_what_would_help(tmp_path: Path) -> None:
+    at = small_search(tmp_path, se_ttft=0.001)  # no plan can meet it
     no_problem(at)
     warning = at.warning[0].value
     assert "No plan met the SLOs" in warning and "--loads auto" in warning
@@ -142,18 +152,7 @@ def test_an_infeasible_search_shows_reasons_and_what_would_help(tmp_path: Path) 
 
 
 def test_search_with_the_load_searched_draws_the_curves(tmp_path: Path) -> None:
-    at = page("search")
-    at.selectbox(key="se_model").set_value("deepseek-v3")
-    at.selectbox(key="se_hardware").set_value("h200")
-    at.number_input(key="se_gpus").set_value(16)
-    at.radio(key="se_wl_source").set_value("custom traffic").run()
-    at.number_input(key="se_wl_requests").set_value(16)
-    at.number_input(key="se_wl_output").set_value(16)
-    at.number_input(key="se_user").set_value(0.0)
-    at.number_input(key="se_trials").set_value(4)
-    at.text_input(key="se_loads").set_value("2,8")
-    at.text_input(key="se_storage").set_value(f"sqlite:///{tmp_path / 'ui.db'}")
-    at.button(key="se_run").click().run()
+    at = small_search(tmp_path, se_loads="2,8")
     no_problem(at)
     assert " at " in at.success[0].value  # the chosen plan names its load
     assert len(at.get("plotly_chart")) == 2  # the curves, and the front

@@ -351,10 +351,12 @@ class Loop:
         deployment = suggest(trial, self.config.space)
         load = (float(trial.suggest_categorical("load", list(self.config.loads)))
                 if self.config.loads else None)
+        dumped = dump_deployment(deployment)
         moved: dict[str, Any] = {}
         if not trial.user_attrs.get("fixed"):  # drawn by the sampler, not enqueued by us
-            deployment, load, moved = self._novel(trial, deployment, load, pending)
-        record: dict[str, Any] = {"deployment": dump_deployment(deployment),
+            deployment, dumped, load, moved = self._novel(trial, deployment, dumped, load,
+                                                          pending)
+        record: dict[str, Any] = {"deployment": dumped,
                                   "layout": "pd" if deployment.disaggregated else "aggregated",
                                   **moved}
         if load is not None:
@@ -412,19 +414,22 @@ class Loop:
         pending.append(_Pending(trial, deployment, record, key, load))
         return None
 
-    def _novel(self, trial: optuna.Trial, deployment: Deployment, load: float | None,
-               pending: list[_Pending]) -> tuple[Deployment, float | None, dict[str, Any]]:
+    def _novel(self, trial: optuna.Trial, deployment: Deployment, dumped: dict[str, Any],
+               load: float | None, pending: list[_Pending],
+               ) -> tuple[Deployment, dict[str, Any], float | None, dict[str, Any]]:
         """The drawn point, or when it repeats one the search has (any stage, or pending in
         this round), the first point it has not among: its neighbours (one parameter changed;
         a changed DEP size keeps the instance count where it can and takes that size's first
         redundant-expert count), then up to `NOVEL_DRAWS` points drawn uniformly from the space
         — each list in an order seeded by the trial number. The trial's params stay as drawn;
         the record says which point it repeated and what changed. A point with nothing novel
-        found stays."""
-        key = _key(dump_deployment(deployment), load)
-        earlier = {**{p.key: p.trial.number for p in pending}, **self.history.keys}
-        if key not in earlier:
-            return deployment, load, {}
+        found stays. Returns the point's deployment, its plain data, its load and what the
+        record says of the move."""
+        waiting = {p.key: p.trial.number for p in pending}
+        key = _key(dumped, load)
+        first = self.history.keys.get(key, waiting.get(key))
+        if first is None:
+            return deployment, dumped, load, {}
         rng = random.Random(f"{self.config.seed}/{trial.number}")
         space, loads = self.config.space, self.config.loads
         candidates = _neighbours(space, trial.params, trial.distributions, rng)
@@ -432,10 +437,12 @@ class Loop:
         for point in candidates:
             there = float(point["load"]) if "load" in point else load
             other = deployment_from_params(space, point)
-            if _key(dump_deployment(other), there) not in earlier:
+            plain = dump_deployment(other)
+            here = _key(plain, there)
+            if here not in self.history.keys and here not in waiting:
                 changed = {k: v for k, v in point.items() if trial.params.get(k) != v}
-                return other, there, {"repeats": earlier[key], "changed": changed}
-        return deployment, load, {}
+                return other, plain, there, {"repeats": first, "changed": changed}
+        return deployment, dumped, load, {}
 
     def _near_twins(self, pending: list[_Pending]) -> None:
         """After a round: the twins screened out beside a point that then missed its SLOs

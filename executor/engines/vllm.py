@@ -5,7 +5,8 @@ each P/D process NIXL's side channel (its host, a port per instance). On the `cp
 (vLLM's CPU build serving the tiny-moe preset) a role gets what that build can run:
 ExampleConnector (KV handed over through a shared folder) with the same producer/consumer roles,
 `--enforce-eager` instead of a CUDA-graph compilation config, an explicit `--max-model-len`, a
-fixed KV-cache size and block size instead of a memory share, and no NIXL environment.
+fixed KV-cache size and block size instead of a memory share, and no NIXL environment; its P/D
+roles also run without chunked prefill (see CPU_PD_NO_CHUNKING).
 What a model family needs beyond that (DeepSeek-V4's block size, tokenizer mode, indexer cache
 and MegaMoE backend; the vLLM name of each KV-cache precision) comes from the table in
 executor/families.py, keyed by the model's architecture.
@@ -37,6 +38,13 @@ is a share of the whole machine's memory, which two instances on one machine can
 CPU_BLOCK_SIZE = 32
 """KV block size on CPU. ExampleConnector hands over whole blocks only: the CPU default of 128
 would hand over nothing for prompts shorter than 130 tokens."""
+CPU_PD_NO_CHUNKING: Flag = ("--no-enable-chunked-prefill", None)
+"""Flag of each P/D role on CPU. ExampleConnector records a prompt's KV for saving at the
+prompt's first engine step only, with the blocks allocated by then: a prompt split by chunked
+prefill (several new prompts sharing one step's --max-num-batched-tokens) is saved short under
+its whole prompt's name, and the decode instance that loads it dies on the shape mismatch
+(vLLM issue 16928). Without chunked prefill a prompt runs in one step, so vLLM needs it to fit
+one step: the role's --max-model-len is at most its --max-num-batched-tokens."""
 CPU_KV_DIR = "kv"
 """ExampleConnector's shared folder on CPU; relative, so it lies in the processes' working
 directory (the local backend runs them in the run directory)."""
@@ -134,7 +142,10 @@ class VllmEngine(Engine):
             flags += [("--kv-offloading-size", f"{host_gib:g}"),
                       ("--kv-offloading-backend", role.host_cache_backend)]
         if cpu:
-            flags += [("--enforce-eager", None), ("--max-model-len", max_model_len)]
+            pd = role_name in KV_ROLE
+            context = min(max_model_len, role.max_num_batched_tokens) if pd else max_model_len
+            flags += [("--enforce-eager", None), ("--max-model-len", context),
+                      *([CPU_PD_NO_CHUNKING] if pd else [])]
         else:
             flags.append(("--compilation-config", {"cudagraph_mode": CUDA_GRAPHS[role_name]}))
         return tuple(flags)

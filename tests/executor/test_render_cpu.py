@@ -35,12 +35,25 @@ def test_cpu_pd_roles_hand_kv_over_a_shared_folder_with_explicit_roles():
     for p in r.processes:
         assert p.env == {}  # no NIXL side channel
         assert "--enforce-eager" in p.argv and "--compilation-config" not in p.argv
-        assert flag(p.argv, "--max-model-len") == str(CPU_MAX_MODEL_LEN)
         assert "--gpu-memory-utilization" not in p.argv
         assert int(flag(p.argv, "--kv-cache-memory-bytes") or 0) > 0
     assert r.router == {"port": 8099, "prefill_urls": ["http://host0:8100"],
                         "decode_urls": ["http://host1:8101"],
                         "prefill_policy": "prefix_aware", "decode_policy": "least_requests"}
+
+
+def test_cpu_pd_roles_run_each_prompt_in_one_step():
+    """ExampleConnector saves a prompt's KV at its first step: no chunked prefill on P/D, and
+    so a context no longer than one step's token budget (the aggregated role keeps both)."""
+    r = render(plan_deployment(TINY_PD))
+    for p in r.processes:
+        assert "--no-enable-chunked-prefill" in p.argv
+        assert flag(p.argv, "--max-model-len") == flag(p.argv, "--max-num-batched-tokens")
+    shorter = render(plan_deployment(TINY_PD), max_model_len=256)
+    assert {flag(p.argv, "--max-model-len") for p in shorter.processes} == {"256"}
+    (agg,) = render(plan_deployment(TINY_AGG)).processes
+    assert "--no-enable-chunked-prefill" not in agg.argv
+    assert flag(agg.argv, "--max-model-len") == str(CPU_MAX_MODEL_LEN)
 
 
 def test_cpu_aggregated_has_no_connector():

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -284,6 +286,102 @@ class ModelSpec(BaseModel):
 
 # ---- loading ----------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class FieldKind:
+    """What a config.json field may hold: `valid` says it in words for the error; a list's
+    entries are each checked against `each`."""
+
+    valid: str
+    ok: Callable[[Any], bool]
+    each: FieldKind | None = None
+
+
+def _ints(lo: int, hi: int) -> FieldKind:
+    """An integer from lo to hi (JSON true/false and 4096.0 are not integers)."""
+    return FieldKind(f"an integer from {lo} to {hi:,}",
+                     lambda v: type(v) is int and lo <= v <= hi)
+
+
+def _list_of(item: FieldKind) -> FieldKind:
+    return FieldKind(f"a list, each entry {item.valid}", lambda v: isinstance(v, list), item)
+
+
+# Upper bounds: the largest value among aiconfigurator-core's 117 real configs and our presets
+# times a margin of 30 or more, so no real model is refused while a typo or a 10**40 is, before
+# it reaches any arithmetic.
+LAYERS = _ints(1, 4096)  # most: 126 decoder layers (Llama-3.1-405B)
+SOME_LAYERS = _ints(0, 4096)  # dense, MTP or hash-routed layers: a share of LAYERS
+WIDTH = _ints(1, 1 << 20)  # hidden 16,384 and MLP 53,248 (Llama-3.1-405B); head dims <= 512
+RANK = _ints(0, 1 << 20)  # low-rank projections (q/o_lora_rank): 0 or null for none
+HEADS = _ints(1, 1 << 14)  # most: 128 query heads (DeepSeek-V3, Llama-3.1-405B)
+EXPERTS = _ints(0, 1 << 16)  # most: 512 routed experts (Qwen3.5); 0 for a dense model
+VOCAB = _ints(1, 1 << 24)  # most: 248,320 tokens (Qwen3.5)
+TOKENS = _ints(0, 1 << 30)  # windows: gpt-oss 128, Qwen2's configs 131,072 (the context)
+SELECTED = _ints(1, 1 << 30)  # index_topk: tokens each query attends to, 2,048 at most
+SMALL = _ints(0, 1024)  # hyper-connection streams (4), Sinkhorn iterations (20), groups (16)
+BOOL = FieldKind("true or false", lambda v: isinstance(v, bool))
+MAPPING = FieldKind("a JSON object", lambda v: isinstance(v, dict))
+STRINGS = _list_of(FieldKind("a string", lambda v: isinstance(v, str)))
+
+CONFIG_FIELDS: dict[str, FieldKind] = {
+    "architectures": STRINGS, "num_hidden_layers": LAYERS, "hidden_size": WIDTH,
+    "vocab_size": VOCAB, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
+    "head_dim": WIDTH, "qk_nope_head_dim": WIDTH, "qk_rope_head_dim": WIDTH,
+    "v_head_dim": WIDTH, "kv_lora_rank": WIDTH, "q_lora_rank": RANK, "o_lora_rank": RANK,
+    "o_groups": SMALL, "intermediate_size": WIDTH, "moe_intermediate_size": WIDTH,
+    "shared_expert_intermediate_size": RANK, "first_k_dense_replace": SOME_LAYERS,
+    "num_nextn_predict_layers": SOME_LAYERS, "mtp_num_hidden_layers": SOME_LAYERS,
+    "num_hash_layers": SOME_LAYERS, "n_routed_experts": EXPERTS, "num_experts": EXPERTS,
+    "num_local_experts": EXPERTS, "n_shared_experts": EXPERTS, "num_experts_per_tok": EXPERTS,
+    "experts_per_token": EXPERTS, "index_topk": SELECTED, "index_head_dim": WIDTH,
+    "index_n_heads": HEADS, "sliding_window": TOKENS, "use_sliding_window": BOOL,
+    "layer_types": STRINGS, "mlp_only_layers": _list_of(_ints(0, 4095)),
+    "compress_ratios": _list_of(_ints(0, 1 << 20)), "hc_mult": _ints(1, 1024),
+    "hc_sinkhorn_iters": SMALL, "linear_num_key_heads": HEADS, "linear_key_head_dim": WIDTH,
+    "linear_num_value_heads": HEADS, "linear_value_head_dim": WIDTH,
+    "linear_conv_kernel_dim": _ints(1, 1024), "attn_output_gate": BOOL,
+    "text_config": MAPPING, "rope_scaling": MAPPING, "quantization_config": MAPPING,
+}
+"""config.json key -> what it may hold: every field a builder reads (and the nested objects a
+config carries), checked before any arithmetic; null counts as absent."""
+
+
+def _show(value: Any) -> str:
+    """A config value as its JSON text reads, cut short."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    return reprlib.repr(value)
+
+
+def _check(name: str, cfg: dict[str, Any], key: str, prefix: str = "") -> None:
+    """SpecError naming `key` (and the entry of a list) when the config holds what
+    CONFIG_FIELDS does not allow there."""
+    value, kind = cfg.get(key), CONFIG_FIELDS[key]
+    if value is None:
+        return
+    if not kind.ok(value):
+        raise SpecError(f"{name}: config.json has {prefix}{key}={_show(value)}; it must be "
+                        f"{kind.valid}")
+    each = kind.each
+    bad = next((i for i, v in enumerate(value) if not each.ok(v)), None) if each else None
+    if each and bad is not None:
+        raise SpecError(f"{name}: config.json has {prefix}{key}[{bad}]={_show(value[bad])}; "
+                        f"each entry must be {each.valid}")
+
+
+def _checked(name: str, cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The config, every field of CONFIG_FIELDS checked, with null fields dropped (null
+    counts as absent)."""
+    for key in CONFIG_FIELDS:
+        _check(name, cfg, key, prefix)
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+def _require(ok: bool, name: str, problem: str) -> None:
+    if not ok:
+        raise SpecError(f"{name}: config.json has {problem}")
+
+
 def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     for k in keys:
         if cfg.get(k) is not None:
@@ -295,12 +393,20 @@ SPARSE_MLA = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
 """MLA architectures with a lightning indexer choosing index_topk tokens per query (DSA)."""
 
 
+def _check_top_k(name: str, top_k: int, experts: int) -> None:
+    _require(top_k <= experts, name, f"{top_k} experts per token (num_experts_per_tok) but "
+             f"{experts} routed experts; a token can be routed to at most all of them")
+
+
 def _from_deepseek(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
-    layers = int(cfg["num_hidden_layers"])
+    layers = cfg["num_hidden_layers"]
     sparse = arch in SPARSE_MLA
+    experts = _get(cfg, "n_routed_experts", default=0)
+    top_k = _get(cfg, "num_experts_per_tok", default=0)
+    _check_top_k(name, top_k, experts)
     return ModelSpec(
         name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers,
-        dense_layers=min(layers, int(_get(cfg, "first_k_dense_replace", default=0))),
+        dense_layers=min(layers, _get(cfg, "first_k_dense_replace", default=0)),
         vocab=cfg["vocab_size"], attention="mla",
         num_attention_heads=cfg["num_attention_heads"],
         num_kv_heads=cfg["num_attention_heads"],
@@ -311,9 +417,9 @@ def _from_deepseek(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
         index_head_dim=cfg["index_head_dim"] if sparse else 0,
         index_n_heads=cfg["index_n_heads"] if sparse else 0,
         dense_intermediate=cfg["intermediate_size"],
-        n_routed_experts=_get(cfg, "n_routed_experts", default=0),
+        n_routed_experts=experts,
         n_shared_experts=_get(cfg, "n_shared_experts", default=0),
-        top_k=_get(cfg, "num_experts_per_tok", default=0),
+        top_k=top_k,
         moe_intermediate=_get(cfg, "moe_intermediate_size", default=0),
         mtp_layers=_get(cfg, "num_nextn_predict_layers", default=0),
     )
@@ -322,22 +428,25 @@ def _from_deepseek(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
 def _from_deepseek_v4(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     """DeepSeek-V4 (Flash, Pro): compressed attention per layer from compress_ratios,
     hash-routed first MoE layers, hyper-connections, fp4 experts, MTP."""
-    layers = int(cfg["num_hidden_layers"])
-    mtp = int(_get(cfg, "num_nextn_predict_layers", default=0))
+    layers = cfg["num_hidden_layers"]
+    mtp = _get(cfg, "num_nextn_predict_layers", default=0)
     ratios = cfg["compress_ratios"]
-    if not isinstance(ratios, list) or len(ratios) not in (layers, layers + mtp):
-        got = len(ratios) if isinstance(ratios, list) else type(ratios).__name__
-        raise SpecError(f"{name}: compress_ratios has {got} entries; {arch} with "
+    if len(ratios) not in (layers, layers + mtp):
+        raise SpecError(f"{name}: compress_ratios has {len(ratios)} entries; {arch} with "
                         f"num_hidden_layers={layers} and num_nextn_predict_layers={mtp} needs "
                         f"{layers + mtp} (one per decoder layer, then one per MTP layer)")
-    odd = sorted({r for r in ratios if r not in DSV4_RATIOS}, key=str)
+    odd = sorted({r for r in ratios if r not in DSV4_RATIOS})
     if odd:
         raise SpecError(f"{name}: compress_ratios holds {', '.join(map(str, odd))}; each entry "
                         f"must be one of {', '.join(map(str, DSV4_RATIOS))} (0 sliding window "
                         "only, 4 CSA, 128 HCA)")
     experts = cfg.get("expert_dtype")
     if experts not in (None, "bf16", "fp8", "fp4"):
-        raise SpecError(f"{name}: expert_dtype={experts!r} is not one of bf16, fp8, fp4")
+        raise SpecError(f"{name}: expert_dtype={_show(experts)} is not one of bf16, fp8, fp4")
+    hashed = _get(cfg, "num_hash_layers", default=0)
+    _require(hashed <= layers, name, f"num_hash_layers={hashed}; it must be at most "
+             f"num_hidden_layers={layers}")
+    _check_top_k(name, cfg["num_experts_per_tok"], cfg["n_routed_experts"])
     return ModelSpec(
         name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers, dense_layers=0,
         vocab=cfg["vocab_size"], attention="dsv4",
@@ -346,7 +455,7 @@ def _from_deepseek_v4(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
         head_dim=cfg["head_dim"], q_lora_rank=cfg["q_lora_rank"],
         qk_rope_head_dim=cfg["qk_rope_head_dim"], v_head_dim=cfg["head_dim"],
         o_lora_rank=cfg["o_lora_rank"], o_groups=cfg["o_groups"],
-        sliding_window=cfg["sliding_window"], compress_ratios=tuple(int(r) for r in ratios),
+        sliding_window=cfg["sliding_window"], compress_ratios=tuple(ratios),
         sparse_topk=cfg["index_topk"], index_head_dim=cfg["index_head_dim"],
         index_n_heads=cfg["index_n_heads"],
         hc_mult=_get(cfg, "hc_mult", default=1),
@@ -354,8 +463,7 @@ def _from_deepseek_v4(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
         n_routed_experts=cfg["n_routed_experts"],
         n_shared_experts=_get(cfg, "n_shared_experts", default=0),
         top_k=cfg["num_experts_per_tok"], moe_intermediate=cfg["moe_intermediate_size"],
-        mtp_layers=mtp, hash_layers=_get(cfg, "num_hash_layers", default=0),
-        expert_dtype=experts,
+        mtp_layers=mtp, hash_layers=hashed, expert_dtype=experts,
     )
 
 
@@ -369,16 +477,29 @@ def _from_gqa(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     MiniMax-M2 names its expert width intermediate_size (it has no dense layers) and its MTP
     modules (use_mtp) are not counted: upstream vLLM has no MiniMax-M2 MTP draft model.
     """
-    layers = int(cfg["num_hidden_layers"])
-    heads = int(cfg["num_attention_heads"])
-    experts = int(_get(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0))
-    mlp_only = len(_get(cfg, "mlp_only_layers", default=[]))
-    layer_types = _get(cfg, "layer_types", default=[]) or []
+    layers = cfg["num_hidden_layers"]
+    heads = cfg["num_attention_heads"]
+    kv_heads = _get(cfg, "num_key_value_heads", default=heads)
+    _require(heads % kv_heads == 0, name, f"num_key_value_heads={kv_heads}; it must divide "
+             f"num_attention_heads={heads} (each KV head serves a whole group of query heads)")
+    if cfg.get("head_dim") is None:
+        _require(cfg["hidden_size"] % heads == 0, name, f"no head_dim and "
+                 f"num_attention_heads={heads}, which does not divide "
+                 f"hidden_size={cfg['hidden_size']}; give head_dim")
+    experts = _get(cfg, "num_experts", "num_local_experts", "n_routed_experts", default=0)
+    only = _get(cfg, "mlp_only_layers", default=[])
+    _require(len(set(only)) == len(only) and all(i < layers for i in only), name,
+             f"mlp_only_layers={_show(only)}; it must list distinct layer indices below "
+             f"num_hidden_layers={layers}")
+    layer_types = _get(cfg, "layer_types", default=[])
+    _require(not layer_types or len(layer_types) == layers, name,
+             f"{len(layer_types)} layer_types and num_hidden_layers={layers}; it needs one "
+             "layer type per layer")
     odd = sorted({t for t in layer_types if t not in GQA_LAYER_TYPES})
     if odd:
         raise SpecError(f"{name}: {arch} has layer types {', '.join(odd)}; only "
                         f"{' and '.join(GQA_LAYER_TYPES)} layers can be described")
-    window = int(_get(cfg, "sliding_window", default=0) or 0)
+    window = _get(cfg, "sliding_window", default=0)
     sliding = sum(1 for t in layer_types if t == "sliding_attention") if window else 0
     if window and not layer_types and cfg.get("use_sliding_window", True):
         sliding = layers
@@ -388,20 +509,21 @@ def _from_gqa(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
             "linear_v_heads": cfg["linear_num_value_heads"],
             "linear_v_dim": cfg["linear_value_head_dim"],
             "linear_conv_kernel": cfg["linear_conv_kernel_dim"]} if linear else {})
+    top_k = _get(cfg, "num_experts_per_tok", "experts_per_token", default=0) if experts else 0
+    _check_top_k(name, top_k, experts)
     return ModelSpec(
-        linear_layers=linear, **gdn, attn_output_gate=bool(cfg.get("attn_output_gate", False)),
-        mtp_layers=int(_get(cfg, "mtp_num_hidden_layers", default=0)),
+        linear_layers=linear, **gdn, attn_output_gate=cfg.get("attn_output_gate", False),
+        mtp_layers=_get(cfg, "mtp_num_hidden_layers", default=0),
         name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers,
-        dense_layers=layers if not experts else mlp_only, vocab=cfg["vocab_size"],
-        attention="gqa", num_attention_heads=heads,
-        num_kv_heads=_get(cfg, "num_key_value_heads", default=heads),
+        dense_layers=layers if not experts else len(only), vocab=cfg["vocab_size"],
+        attention="gqa", num_attention_heads=heads, num_kv_heads=kv_heads,
         head_dim=_get(cfg, "head_dim", default=cfg["hidden_size"] // heads),
         sliding_window=window if sliding else 0, sliding_layers=sliding,
-        dense_intermediate=(cfg["intermediate_size"] if not experts or mlp_only
+        dense_intermediate=(cfg["intermediate_size"] if not experts or only
                             else _get(cfg, "intermediate_size", default=0)),
         n_routed_experts=experts,
         n_shared_experts=1 if _get(cfg, "shared_expert_intermediate_size", default=0) else 0,
-        top_k=_get(cfg, "num_experts_per_tok", "experts_per_token", default=0) if experts else 0,
+        top_k=top_k,
         moe_intermediate=(_get(cfg, "moe_intermediate_size", "intermediate_size", default=0)
                           if experts else 0),
     )
@@ -413,15 +535,12 @@ Builder = Callable[[str, str, dict[str, Any]], ModelSpec]
 def _text_model(builder: Builder) -> Builder:
     """A builder for a multimodal wrapper: reads its text_config; the vision tower is ignored."""
     def build(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
-        text = cfg["text_config"]
-        if not isinstance(text, dict):
-            raise SpecError(f"{name}: text_config of {arch} must be a JSON object")
+        text = _checked(name, cfg["text_config"], "text_config.")
         try:
             return builder(name, arch, text)
         except KeyError as e:
             raise KeyError(f"text_config.{e.args[0]}") from None
     return build
-
 
 BUILDERS: dict[str, Builder] = {
     "DeepseekV3ForCausalLM": _from_deepseek,
@@ -451,7 +570,12 @@ UNSUPPORTED = {
 
 
 def model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
-    """A ModelSpec from a parsed Hugging Face config.json (pure; no I/O)."""
+    """A ModelSpec from a parsed Hugging Face config.json (pure; no I/O); SpecError naming the
+    key for a config that holds anything else than CONFIG_FIELDS allows."""
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{name}: a config.json must hold a JSON object, not "
+                        f"{type(cfg).__name__} {_show(cfg)}")
+    _check(name, cfg, "architectures")
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else None
     if arch not in BUILDERS:
@@ -459,7 +583,7 @@ def model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
         raise SpecError(f"{name}: architecture {arch!r} is not supported{why}; supported: "
                         f"{', '.join(BUILDERS)}")
     try:
-        return BUILDERS[arch](name, arch, cfg)
+        return BUILDERS[arch](name, arch, _checked(name, cfg))
     except KeyError as e:
         raise SpecError(f"{name}: config.json lacks the key {e.args[0]!r} that {arch} needs") \
             from None
@@ -501,16 +625,28 @@ def hf_config(model_id: str) -> Path | None:
     flat = model_id.replace("/", "--")
     shipped = Path(str(resources.files("aiconfigurator_core"))) / "model_configs" / (
         f"{flat}_config.json")
-    if shipped.is_file():
+    if _probe(shipped.is_file):
         return shipped
     snapshots = hf_cache_dir() / f"models--{flat}" / "snapshots"
+    if not _probe(snapshots.is_dir):
+        return None
     found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
 
+def _probe(test: Callable[[], bool]) -> bool:
+    """test() of a path, False where the file system cannot even look the name up (a name too
+    long, a NUL byte)."""
+    try:
+        return test()
+    except (OSError, ValueError):
+        return False
+
+
 def _hf_id(ref: str) -> bool:
     """Whether `ref` reads as a Hugging Face id (org/name) rather than a path."""
-    return ref.count("/") == 1 and not ref.startswith((".", "/", "~")) and not Path(ref).exists()
+    return (ref.count("/") == 1 and not ref.startswith((".", "/", "~"))
+            and not _probe(Path(ref).exists))
 
 
 @cache
@@ -530,20 +666,24 @@ def load_model(path_or_preset: str) -> ModelSpec:
                 f"{hf_cache_dir()}; give a path to its config.json")
         return model_from_config(path_or_preset, _read_config(found))
     path = Path(path_or_preset)
-    if path.is_dir():
+    if _probe(path.is_dir):
         path = path / "config.json"
-    if not path.is_file():
+    if not _probe(path.is_file):
         raise SpecError(f"unknown model {path_or_preset!r}; give a preset "
                         f"({', '.join(preset_names())}), a Hugging Face id (org/name) or a path "
                         "to a config.json")
     return model_from_config(str(path_or_preset), _read_config(path))
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path) -> Any:
+    """The parsed JSON of a config.json (model_from_config checks what it holds)."""
     try:
-        cfg = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SpecError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise SpecError(f"{path}: a config.json must hold a JSON object")
-    return cfg
+    except ValueError as e:  # an integer of more digits than Python converts (4,300)
+        raise SpecError(f"{path}: not valid JSON ({str(e).split(':')[0]})") from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply to be a config.json") from None
+    except OSError as e:
+        raise SpecError(f"{path}: cannot be read ({e.strerror or e})") from None

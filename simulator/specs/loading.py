@@ -71,7 +71,11 @@ def read_yaml(path: Path) -> Any:
         raise SpecError(f"{path}: is not UTF-8 text") from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:  # YAML is printable text: no control characters
+        raise SpecError(f"{path}: invalid YAML: character #x{exc.character:04x} at position "
+                        f"{exc.position} is not printable text") from None
     try:
         node = loader.get_single_node()
         if node is None:

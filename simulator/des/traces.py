@@ -10,8 +10,11 @@ so multi-turn traces hit the prefix cache as the conversation grows.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,48 +100,95 @@ def _session_blocks(parsed: list[tuple[float, int, int, tuple[int, ...] | None]]
 
 def _read_jsonl(p: Path) -> list[dict[str, Any]]:
     rows = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    for n, line in enumerate(_text(p).splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise SpecError(f"{p}:{n}: not a JSON object ({e.msg})") from None
+        except ValueError as e:  # an integer of more digits than Python converts (4,300)
+            raise SpecError(f"{p}:{n}: not a JSON object ({str(e).split(':')[0]})") from None
+        except RecursionError:
+            raise SpecError(f"{p}:{n}: nested too deeply to be a trace row") from None
         if not isinstance(row, dict):
             raise SpecError(f"{p}:{n}: each line must be a JSON object")
         rows.append(row)
     return rows
 
 
+def _text(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"trace {p} is not UTF-8 text") from None
+    except OSError as e:
+        raise SpecError(f"trace {p} cannot be read ({e.strerror or e})") from None
+
+
 def _read_csv(p: Path) -> list[dict[str, Any]]:
-    with p.open(newline="") as f:
-        reader = csv.DictReader(f)
+    reader = csv.DictReader(io.StringIO(_text(p), newline=""))
+    try:
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise SpecError(f"{p}: CSV lacks the column(s) {', '.join(missing)}; "
                             f"needed: {', '.join(COLUMNS)} (hash_ids optional)")
         return list(reader)
+    except csv.Error as e:  # a NUL byte, a field over csv's size limit
+        raise SpecError(f"{p} line {reader.line_num}: not CSV ({e})") from None
+
+
+MAX_TOKENS = 1 << 27
+"""Most tokens a row's prompt or output may hold: 134M, ten times the longest context any model
+serves (10M); past it a row is a typo, and a prompt's block ids would fill memory."""
+MAX_BLOCK_ID = (1 << 63) - 1
+"""hash_ids are non-negative 64-bit integers (negative ids are the sessions' own, see
+`_session_blocks`)."""
+
+
+def _number(row: dict[str, Any], key: str, p: Path, n: int) -> float:
+    """A row's number (a JSON number, or its text in a CSV); SpecError naming the column for a
+    missing one, true/false, text that is no number, NaN or infinity."""
+    if row.get(key) is None:
+        raise SpecError(f"{p} row {n}: lacks {key!r}; needed: {', '.join(COLUMNS)}")
+    value, number = row[key], math.nan
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        # text that is no number, or an integer past float's range, stays NaN
+        with contextlib.suppress(ValueError, OverflowError):
+            number = float(value)
+    if not math.isfinite(number):
+        raise SpecError(f"{p} row {n}: {key}={_show(value)} must be a finite number")
+    return number
+
+
+def _length(row: dict[str, Any], key: str, p: Path, n: int) -> int:
+    value = _number(row, key, p, n)
+    if not value.is_integer() or not 1 <= value <= MAX_TOKENS:
+        raise SpecError(f"{p} row {n}: {key}={_show(row[key])} must be a whole number of "
+                        f"tokens from 1 to {MAX_TOKENS:,}")
+    return int(value)
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, bool) or value is None else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _row(row: dict[str, Any], p: Path, n: int) -> tuple[float, int, int, tuple[int, ...] | None]:
-    try:
-        ts = float(row["timestamp"])
-        inp, out = int(float(row["input_length"])), int(float(row["output_length"]))
-    except KeyError as e:
-        raise SpecError(f"{p} row {n}: lacks {e.args[0]!r}; needed: {', '.join(COLUMNS)}") \
-            from None
-    except (TypeError, ValueError):
-        raise SpecError(f"{p} row {n}: timestamp, input_length and output_length must be "
-                        "numbers") from None
-    if inp < 1 or out < 1 or ts < 0:
-        raise SpecError(f"{p} row {n}: input_length={inp} and output_length={out} must be >= 1 "
-                        f"and timestamp={ts:g} >= 0")
+    ts = _number(row, "timestamp", p, n)
+    if ts < 0:
+        raise SpecError(f"{p} row {n}: timestamp={ts:g} must be >= 0 (ms from the trace start)")
+    inp, out = _length(row, "input_length", p, n), _length(row, "output_length", p, n)
     ids = row.get("hash_ids")
-    blocks: tuple[int, ...] | None
     if ids is None or ids == "":
-        blocks = None
-    elif isinstance(ids, list):
-        blocks = tuple(int(x) for x in ids)
-    else:
-        blocks = tuple(int(x) for x in re.findall(r"-?\d+", str(ids)))
-    return ts, inp, out, blocks
+        return ts, inp, out, None
+    if isinstance(ids, str):  # a CSV field: "0 1 2", "0;1;2" or "[0, 1, 2]"
+        ids = [int(x) if len(x) <= 20 else x for x in re.findall(r"-?\d+", ids)]
+    if not isinstance(ids, list):
+        raise SpecError(f"{p} row {n}: hash_ids={_show(ids)} must be a list of block ids")
+    bad = next((i for i, x in enumerate(ids)
+                if type(x) is not int or not 0 <= x <= MAX_BLOCK_ID), None)
+    if bad is not None:
+        raise SpecError(f"{p} row {n}: hash_ids[{bad}]={_show(ids[bad])}; each block id must "
+                        "be an integer from 0 to 2**63-1")
+    return ts, inp, out, tuple(ids)

@@ -23,7 +23,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner.plan import load_plan_or_deployment
+from simulator.des.traces import read_trace
 from simulator.specs.errors import SpecError
+from simulator.specs.loading import load_deployment, load_workload
 from simulator.specs.model import (
     BUILDERS,
     PRESET_DIR,
@@ -198,6 +201,80 @@ def test_a_junk_config_file_raises_spec_error(folder: Path, text: str | bytes) -
     refused_or_loaded(load_model, str(_file(folder, ".json", text)))
 
 
+# ---- deployment, workload and plan.yaml -------------------------------------------------------
+
+@fuzz(150)
+@given(mutated(DEPLOYMENTS))
+def test_a_mutated_deployment_loads_or_raises_spec_error(folder: Path, doc: Any) -> None:
+    refused_or_loaded(load_deployment, doc)
+    refused_or_loaded(load_deployment, _file(folder, ".yaml", yaml.safe_dump(doc)))
+
+
+@fuzz(150)
+@given(mutated(WORKLOADS))
+def test_a_mutated_workload_loads_or_raises_spec_error(folder: Path, doc: Any) -> None:
+    refused_or_loaded(load_workload, doc)
+    refused_or_loaded(load_workload, _file(folder, ".yaml", yaml.safe_dump(doc)))
+
+
+@fuzz(150)
+@given(mutated([{"format": 1, "deployment": d, "workload": w, "slo": {"ttft_p90_ms": 3000}}
+                for d, w in itertools.product(DEPLOYMENTS[:3], WORKLOADS[:2])]))
+def test_a_mutated_plan_loads_or_raises_spec_error(folder: Path, doc: Any) -> None:
+    refused_or_loaded(load_plan_or_deployment, _file(folder, ".yaml", yaml.safe_dump(doc)))
+
+
+YAMLISH = st.text(st.sampled_from(list("ab:-[]{}&*!|>'\"#%@ \n\t0.9e")), max_size=60)
+"""Text made of YAML's syntax characters: anchors, aliases, tags, flow and block collections."""
+
+
+@fuzz(150)
+@given(st.binary(max_size=120) | st.text(max_size=120) | YAMLISH)
+def test_junk_yaml_raises_spec_error(folder: Path, text: str | bytes) -> None:
+    path = _file(folder, ".yaml", text)
+    for load in (load_deployment, load_workload, load_plan_or_deployment):
+        refused_or_loaded(load, path)
+
+
+# ---- traces -----------------------------------------------------------------------------------
+
+def _jsonl(rows: Any) -> str:
+    return "\n".join(json.dumps(r) for r in rows) + "\n"
+
+
+def _csv(rows: Any) -> str:
+    """The rows as a CSV with the columns of the first row (lists as their JSON text)."""
+    rows = [r for r in rows if isinstance(r, dict)]
+    cols = list(rows[0]) if rows else ["timestamp"]
+    cell = lambda v: json.dumps(v) if isinstance(v, list | dict) else str(v)  # noqa: E731
+    return "\n".join([",".join(cols)] + [",".join(f'"{cell(r.get(c, ""))}"' for c in cols)
+                                          for r in rows]) + "\n"
+
+
+def test_the_real_traces_still_load(folder: Path) -> None:
+    assert len(read_trace(TRACE)) == 50
+    assert len(read_trace(_file(folder, ".jsonl", _jsonl(SESSION_ROWS)))) == 3
+    assert len(read_trace(_file(folder, ".csv", _csv(TRACE_ROWS)))) == len(TRACE_ROWS)
+
+
+@fuzz(300)
+@given(mutated([TRACE_ROWS, SESSION_ROWS]), st.sampled_from([".jsonl", ".csv"]),
+       st.sampled_from([None, 2]))
+def test_a_mutated_trace_loads_or_raises_spec_error(folder: Path, rows: Any, suffix: str,
+                                                    limit: int | None) -> None:
+    text = _jsonl(rows) if suffix == ".jsonl" else _csv(rows)
+    trace = refused_or_loaded(read_trace, _file(folder, suffix, text), 1.0, limit)
+    if trace is not None:
+        assert (trace.input_len >= 1).all() and (trace.output_len >= 1).all()
+        assert (trace.arrival_s >= 0).all()
+
+
+@fuzz(100)
+@given(st.binary(max_size=120) | st.text(max_size=120), st.sampled_from([".jsonl", ".csv"]))
+def test_a_junk_trace_raises_spec_error(folder: Path, text: str | bytes, suffix: str) -> None:
+    refused_or_loaded(read_trace, _file(folder, suffix, text))
+
+
 # ---- plain regression tests: each bug the fuzzing found ----------------------------------------
 
 def _tiny(**changes: Any) -> dict[str, Any]:
@@ -272,3 +349,41 @@ def test_an_unreadable_config_file_is_named(folder: Path) -> None:
         load_model("x/" + "a" * 5000)  # a name too long for the file system
     with pytest.raises(SpecError, match="unknown model"):
         load_model("a" * 5000)
+
+
+def test_a_yaml_file_with_a_control_character_is_refused(folder: Path) -> None:
+    path = _file(folder, ".yaml", "model: deepseek-v3\x08\n")
+    with pytest.raises(SpecError, match="character #x0008 at position 18 is not printable"):
+        load_deployment(path)
+
+
+ROW = '{"timestamp": 0, "input_length": 5, "output_length": 1'
+
+
+@pytest.mark.parametrize(("suffix", "text", "needle"), [
+    (".jsonl", b"\xff\xfe", "is not UTF-8 text"),
+    (".jsonl", ROW.replace("0,", "NaN,", 1) + "}", "timestamp=nan must be a finite number"),
+    (".jsonl", ROW.replace("0,", "Infinity,", 1) + "}", "timestamp=inf must be a finite number"),
+    (".jsonl", ROW.replace("5", "true") + "}", "input_length=true must be a finite number"),
+    (".jsonl", ROW.replace("5", "Infinity") + "}", "input_length=inf must be a finite"),
+    (".jsonl", ROW.replace("5", "1e40") + "}", "input_length=1e+40 must be a whole number of "
+                                              "tokens from 1 to 134,217,728"),
+    (".jsonl", ROW.replace("5", "2.5") + "}", "input_length=2.5 must be a whole number"),
+    (".jsonl", ROW.replace("5", "9" * 5000) + "}", "4300 digits"),
+    (".jsonl", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    (".jsonl", ROW + ', "hash_ids": [[1]]}', "hash_ids[0]=[1]; each block id must be an integer"),
+    (".jsonl", ROW + ', "hash_ids": [0, "fp8"]}', "hash_ids[1]='fp8'"),
+    (".jsonl", ROW + ', "hash_ids": [Infinity]}', "hash_ids[0]=inf"),
+    (".jsonl", ROW + ', "hash_ids": [-3]}', "hash_ids[0]=-3"),
+    (".jsonl", ROW + ', "hash_ids": 7}', "hash_ids=7 must be a list of block ids"),
+    (".csv", "timestamp,input_length,output_length,hash_ids\n0,5,1," + "9" * 30 + "\n",
+     "hash_ids[0]='" + "9" * 20),
+    (".csv", "timestamp,input_length,output_length\n0,5\x00,1\n", "input_length='5\\x00'"),
+    (".csv", 'timestamp,input_length,output_length\n0,5,"' + "x" * 200_000 + '"\n',
+     "not CSV (field larger than field limit"),
+])
+def test_a_bad_trace_row_is_named(folder: Path, suffix: str, text: str | bytes,
+                                  needle: str) -> None:
+    with pytest.raises(SpecError) as e:
+        read_trace(_file(folder, suffix, text))
+    assert needle in str(e.value)

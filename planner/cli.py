@@ -741,8 +741,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         print(f"rackplan: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("rackplan: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a search says what it kept (planner.search.Interrupted)
+        print(f"rackplan: {str(e) or 'interrupted'}", file=sys.stderr)
         return 130
 
 

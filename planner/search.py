@@ -33,15 +33,30 @@ stopped, and searches on several machines can share one study (each its own seed
 is the study's first `trials` trial numbers: a search asks only while the study holds fewer
 trials (or some of those wait, enqueued), and gives a trial numbered beyond it back as WAITING,
 so however many searches share a study, exactly `trials` trials finish and none is run twice.
+
+A search that is killed leaves the trials of its round RUNNING; one stopped by ^C tells them
+FAIL. Either way they are interrupted, not finished: the next search on the study fails the
+stale ones (`planner.storage.fail_stale`), asks each interrupted trial's parameters again (a
+retry, enqueued), and widens the budget by one per interrupted trial, so the study still ends
+with `trials` finished ones. A search whose budget is taken waits for the trials other searches
+still run below it, failing and retrying those that go stale. An uninterrupted search never
+sees any of this: its trials are the same as before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import multiprocessing
+import os
 import random
+import signal
+import sys
+import threading
+import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -60,8 +75,13 @@ from planner.space import SearchSpace, check, deployment_from_params, suggest
 from planner.storage import (
     DEFAULT_STORAGE,
     Direction,
+    Heartbeat,
+    fail_stale,
     open_storage,
     open_study,
+    redact,
+    retried,
+    retry,
     study_name,
 )
 from simulator.calibration.serving import ServingOverhead
@@ -75,6 +95,64 @@ REJECTED_VIOLATION = 1e3
 """Constraint value of a rejected point: worse than any SLO miss."""
 Progress = Callable[[int, list[FrozenTrial]], None]
 """Called after each trial with the finished count and the finished trials."""
+WAIT_S = 1.0
+"""Seconds between two looks at trials other searches run, once a search's budget is taken."""
+PR_SET_PDEATHSIG = 1
+"""Linux prctl option: the signal a process gets when its parent dies."""
+
+
+class Guard:
+    """A search's ^C: raised at once while the search waits for evaluations (or runs one), and
+    held until the next such moment, or the next trial, while it talks to the storage — a
+    database call cut short leaves the libraries' tracebacks on stderr, and a half-written
+    trial. Not installed (outside the main thread, or never), ^C raises anywhere, as usual."""
+
+    def __init__(self) -> None:
+        self.safe = True
+        self.pending = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._handle)
+        self.safe = False
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            self.safe, self.pending = True, False
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Where ^C may stop the search at once."""
+        self.check()
+        was, self.safe = self.safe, True
+        try:
+            yield
+        finally:
+            self.safe = was
+
+    def check(self) -> None:
+        """Raise a ^C held so far."""
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.safe:
+            raise KeyboardInterrupt
+        self.pending = True
+
+
+class Interrupted(KeyboardInterrupt):
+    """A search stopped by ^C; its finished trials are kept in its storage."""
+
+    def __init__(self, kept: int, storage: str) -> None:
+        super().__init__(f"interrupted; {kept} trials kept in {storage}, run the same command "
+                         "again to resume")
+        self.kept, self.storage = kept, storage
 
 
 @dataclass(frozen=True)
@@ -197,8 +275,9 @@ class _History:
     simulations: int = 0
 
     def add(self, trial: FrozenTrial) -> None:
-        if trial.number in self.numbers or trial.state not in FINISHED:
-            return
+        if trial.number in self.numbers or trial.state not in FINISHED or (
+                trial.state == TrialState.FAIL and "record" not in trial.user_attrs):
+            return  # running, or interrupted (retried, not part of the search)
         self.trials.append(trial)
         self.numbers.add(trial.number)
         self.params[trial.number] = trial.params
@@ -222,8 +301,10 @@ class _History:
 class Loop:
     """One search's loop over one study."""
 
-    def __init__(self, config: SearchConfig, evaluate: Evaluate | None = None) -> None:
+    def __init__(self, config: SearchConfig, evaluate: Evaluate | None = None,
+                 guard: Guard | None = None) -> None:
         self.config = config
+        self.guard = guard or Guard()
         self.evaluate = evaluate or Simulator(config.workload)
         self.study = open_study(open_storage(config.storage), config.study_name(),
                                 config.directions, make_sampler(config))
@@ -245,14 +326,34 @@ class Loop:
         self.simulations = 0
         """Evaluations this loop ran (reuses not counted)."""
         self.budget = config.trials
-        """Trial numbers this loop may fill: the trials, then the load sweep's on top."""
+        """Trial numbers this loop may fill: the trials (and one more per interrupted trial),
+        then the load sweep's on top."""
         self._sweeping = False
+        self._capped = False
+        """Whether `max_simulations` ended the rounds."""
+        self.beats = Heartbeat(self.study._storage)
+        """Keeps the trials of a round alive in the storage while they wait."""
+
+    def close(self) -> None:
+        """Stop the heartbeat thread."""
+        self.beats.close()
 
     def run(self, progress: Progress | None = None, pool: Executor | None = None) -> None:
         """Run rounds until the study's budget of trials is taken (or `max_simulations`
-        reached), evaluating on `pool` when given, else in this process."""
-        while self._round(progress, pool):
+        reached), evaluating on `pool` when given, else in this process; then wait for the
+        trials other searches run within the budget (retrying those that go stale)."""
+        while self._round(progress, pool) or self._others_running():
             pass
+
+    def _others_running(self) -> bool:
+        """Whether trials of the budget still run elsewhere (after a pause of WAIT_S)."""
+        if self._capped or not any(
+                t.number < self.budget for t in self.study.get_trials(
+                    deepcopy=False, states=(TrialState.RUNNING,))):
+            return False
+        with self.guard.interruptible():
+            time.sleep(WAIT_S)
+        return True
 
     def sweep(self, progress: Progress | None = None, pool: Executor | None = None) -> None:
         """Simulate every load of `loads` for the best `curves` deployments found (the closest
@@ -285,11 +386,15 @@ class Loop:
             self._sweeping = False
 
     def _sync(self) -> None:
-        """Read the study once: trials other searches finished, and what is left to ask."""
+        """Read the study once, stale trials failed and retried first: trials other searches
+        finished, and what is left to ask."""
+        fail_stale(self.study)
         trials = self.study.get_trials(deepcopy=False)
         for t in trials:
             self.history.add(t)
         self._count = len(trials)
+        if not self._sweeping:
+            self.budget = self.config.trials + len(retried(trials))
         self._waiting = {t.number for t in trials
                          if t.state == TrialState.WAITING and t.number < self.budget}
 
@@ -302,9 +407,10 @@ class Loop:
         more = True
         try:
             while (runs := sum(p.first is None for p in pending)) < batch:
+                self.guard.check()
                 if (cap is not None and not self._sweeping
                         and self.history.simulations + runs >= cap):
-                    more = False
+                    more, self._capped = False, True
                     break
                 trial = self._ask()
                 if trial is None:
@@ -317,12 +423,16 @@ class Loop:
             for told in self._evaluate(pending, pool):
                 self._told(told, progress)
             self._near_twins(pending)
-        except BaseException as e:  # interrupted, or a worker died: leave no trial running
+        except BaseException as e:  # interrupted, or a worker died: leave no trial running,
             for t in [*(p.trial for p in pending), *([trial] if trial else [])]:
-                self.study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
+                told = self.study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
+                if told.state == TrialState.FAIL and "record" not in told.user_attrs:
+                    retry(self.study, told)  # and ask it again when the search resumes
             if isinstance(e, BrokenProcessPool):
                 raise RuntimeError(f"a search worker process died ({e})") from None
             raise
+        finally:
+            self.beats.release()
         return more
 
     def _ask(self) -> optuna.Trial | None:
@@ -330,7 +440,10 @@ class Loop:
         it, because another search took the last ones meanwhile, goes back to WAITING)."""
         if self._count >= self.budget and not self._waiting:
             return None
-        trial = self.study.ask()
+        with warnings.catch_warnings():  # the heartbeat is ours, not Study.optimize's
+            warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+            trial = self.study.ask()
+        self.beats.hold(trial._trial_id)
         self._waiting.discard(trial.number)
         self._count = max(self._count, trial.number + 1)
         if trial.number >= self.budget:
@@ -341,6 +454,7 @@ class Loop:
         return trial
 
     def _told(self, trial: FrozenTrial, progress: Progress | None) -> None:
+        self.beats.release(trial._trial_id)
         self.history.add(trial)
         if progress is not None:
             progress(len(self.history.trials), self.history.trials)
@@ -478,7 +592,9 @@ class Loop:
         """Evaluate the round's distinct deployments (on the pool when given) and tell every
         pending trial, in the order they were asked."""
         runs = [p for p in pending if p.first is None]
-        outcomes = evaluate_all([(self.evaluator(p.load), p.deployment) for p in runs], pool)
+        with self.guard.interruptible():
+            outcomes = evaluate_all([(self.evaluator(p.load), p.deployment) for p in runs],
+                                    pool)
         by_number = {p.trial.number: o for p, o in zip(runs, outcomes, strict=True)}
         told = []
         for p in pending:
@@ -653,15 +769,67 @@ def run_search(config: SearchConfig, evaluate: Evaluate | None = None,
                         f"{config.batch} (a round evaluates at most batch points at once)")
     if config.workload.mode != "serve":
         raise SpecError(f"search needs workload mode 'serve', not {config.workload.mode!r}")
-    loop = Loop(config, evaluate)
-    if config.workers == 1:
-        loop.run(progress)
-        if config.loads:
-            loop.sweep(progress)
-    else:
-        with ProcessPoolExecutor(config.workers,
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+    guard = Guard()
+    with guard.installed():
+        loop = Loop(config, evaluate, guard)
+        pool = None
+        try:
+            pool = worker_pool(config.workers) if config.workers > 1 else None
             loop.run(progress, pool)
             if config.loads:
                 loop.sweep(progress, pool)
+            guard.check()
+        except KeyboardInterrupt:
+            kept = len(records(finished(loop.study)))
+            raise Interrupted(kept, redact(config.storage)) from None
+        finally:
+            loop.close()
+            if pool is not None:
+                stop_pool(pool)
     return loop.study
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """`workers` spawned processes for the rounds' evaluations. They ignore SIGINT (a ^C at a
+    terminal reaches the whole process group; the search answers it, once) and die with this
+    process: they are started here, SIGINT blocked meanwhile — a mask they inherit, so not even
+    their start-up sees one; a ^C here waits until they are started."""
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_start, initargs=(os.getpid(),))
+    mask = hasattr(signal, "pthread_sigmask")
+    if mask:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for _ in range(workers):  # a process each: none is idle yet to take a task
+            pool.submit(os.getpid)
+    finally:
+        if mask:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return pool
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Shut the pool down; evaluations still running (interrupted) are killed, not awaited."""
+    for process in list(getattr(pool, "_processes", {}).values()):
+        if process.is_alive():
+            process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _worker_start(parent: int) -> None:
+    """A worker's set-up: SIGINT ignored, and death with the parent — at once on Linux
+    (PR_SET_PDEATHSIG), elsewhere within a second (a thread watching the parent's id)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before that took hold
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="rackplan-parent",
+                     daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)

@@ -1,0 +1,173 @@
+"""A search survives kills: a SIGKILLed `rackplan search` leaves no worker process behind, and
+running the same command again retries the trials it left running and ends with exactly the
+asked number of finished trials; ^C with workers prints one line and exits 130."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from planner.search import finished, records
+from planner.storage import open_storage, retried
+
+TRIALS = 40
+KILL_AFTER = 4
+"""Finished trials the first search holds when it is killed."""
+DEADLINE_S = 300
+"""How long to wait for anything a test waits for (generous: a loaded 2-core machine)."""
+TrialState = optuna.trial.TrialState
+
+
+def search_args(tmp_path: Path, storage: str) -> list[str]:
+    wl = tmp_path / "w.yaml"
+    wl.write_text(yaml.safe_dump({"arrival": {"kind": "closed", "concurrency": 8},
+                                  "requests": 16, "input_tokens": {"kind": "fixed", "value": 512},
+                                  "output_tokens": {"kind": "fixed", "value": 16}}))
+    return [sys.executable, "-m", "planner.cli", "search", "--hardware", "h200", "--gpus", "16",
+            "--workload", str(wl), "--slo", "tok_s_user_p50=1", "--trials", str(TRIALS),
+            "--no-screen", "--batch", "4", "--workers", "2", "--storage", storage,
+            "--out", str(tmp_path / "plan.yaml"), "--json"]
+
+
+def url(tmp_path: Path, kind: str) -> str:
+    return f"journal:{tmp_path}/study.log" if kind == "journal" else f"sqlite:///{tmp_path}/s.db"
+
+
+def stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def children(pid: int) -> dict[int, str]:
+    """Child processes of `pid`: pid -> start time (to tell a reused pid apart)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := stat(int(entry.name))) and fields[1] == str(pid):
+            out[int(entry.name)] = fields[19]
+    return out
+
+
+def alive(pid: int, start: str) -> bool:
+    """Whether that process still runs (a zombie has ended)."""
+    fields = stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X") and fields[19] == start
+
+
+def workers(pid: int) -> dict[int, str]:
+    """The search's spawned worker processes."""
+    out = {}
+    for child, start in children(pid).items():
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"multiprocessing.spawn" in cmdline:
+            out[child] = start
+    return out
+
+
+def wait_for(what: str, condition, deadline_s: float = DEADLINE_S):
+    """Poll `condition` until it returns something true; fail after `deadline_s`."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        got = condition()
+        if got:
+            return got
+        time.sleep(0.2)
+    pytest.fail(f"waited {deadline_s} s for {what}")
+
+
+def trials_of(storage: optuna.storages.BaseStorage) -> list[optuna.trial.FrozenTrial]:
+    names = optuna.get_all_study_names(storage)
+    if not names:
+        return []
+    study = optuna.load_study(study_name=names[0], storage=storage)
+    return study.get_trials(deepcopy=False)
+
+
+def start_search(tmp_path: Path, storage: str, **popen) -> tuple[subprocess.Popen[bytes],
+                                                                   dict[int, str]]:
+    """Start `rackplan search`, wait until its workers run and it holds KILL_AFTER finished
+    trials; the process and every child it has then."""
+    with (tmp_path / "first.err").open("wb") as err:
+        proc = subprocess.Popen(search_args(tmp_path, storage), stdout=subprocess.DEVNULL,
+                                stderr=err, **popen)
+
+    def running() -> bool:
+        assert proc.poll() is None, (tmp_path / "first.err").read_text()  # ended first
+        return len(workers(proc.pid)) == 2
+
+    wait_for("two workers", running)
+    store = open_storage(storage)
+
+    def some_finished() -> bool:
+        running()
+        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                   for t in trials_of(store)) >= KILL_AFTER
+
+    wait_for(f"{KILL_AFTER} finished trials", some_finished)
+    return proc, children(proc.pid)
+
+
+def assert_all_gone(processes: dict[int, str]) -> None:
+    wait_for("the workers to end", lambda: not any(alive(p, s) for p, s in processes.items()))
+
+
+def assert_the_budget_finished(storage: str) -> None:
+    """No trial running, exactly TRIALS finished, and every failed one interrupted and asked
+    again."""
+    store = open_storage(storage)
+    study = optuna.load_study(study_name=optuna.get_all_study_names(store)[0], storage=store)
+    trials = study.get_trials(deepcopy=False)
+    assert TrialState.RUNNING not in [t.state for t in trials]
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == TRIALS
+    assert len(records(finished(study))) == TRIALS
+    assert {t.number for t in trials if t.state == TrialState.FAIL} <= retried(trials)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_killed_search_leaves_no_worker_and_resumes_to_the_budget(tmp_path, kind):
+    storage = url(tmp_path, kind)
+    proc, kids = start_search(tmp_path, storage)
+    assert len(kids) >= 2
+    proc.kill()
+    proc.wait(timeout=DEADLINE_S)
+    assert_all_gone(kids)  # the workers (and multiprocessing's resource tracker) died with it
+    again = subprocess.run(search_args(tmp_path, storage), capture_output=True, text=True,
+                           timeout=DEADLINE_S)
+    assert again.returncode == 0, again.stderr
+    assert_the_budget_finished(storage)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_ctrl_c_with_workers_prints_one_line_and_keeps_the_trials(tmp_path):
+    storage = url(tmp_path, "sqlite")
+    proc, kids = start_search(tmp_path, storage, start_new_session=True)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
+    assert proc.wait(timeout=DEADLINE_S) == 130
+    assert_all_gone(kids)
+    err = (tmp_path / "first.err").read_text()
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if "interrupt" in line]
+    assert len(lines) == 1, err
+    m = re.fullmatch(r"rackplan: interrupted; (\d+) trials kept in (\S+), run the same command "
+                     r"again to resume", lines[0])
+    assert m and m[2] == storage, lines[0]
+    trials = trials_of(open_storage(storage))
+    assert TrialState.RUNNING not in [t.state for t in trials]
+    assert int(m[1]) == sum("record" in t.user_attrs for t in trials) >= KILL_AFTER
+    again = subprocess.run(search_args(tmp_path, storage), capture_output=True, text=True,
+                           timeout=DEADLINE_S)
+    assert again.returncode == 0, again.stderr
+    assert_the_budget_finished(storage)

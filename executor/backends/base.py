@@ -4,7 +4,9 @@ A backend takes a `Rendered` deployment (the launch records and the router) and 
 `render` writes the target's files (command lines, manifests, batch scripts) and starts nothing.
 `launch` starts the deployment; `wait_ready` returns once every instance answers a real request;
 `teardown` stops everything it started and is safe to call twice, after a failed launch, or from
-a signal handler. What `rackplan deploy` asks besides is each target's own answer, so the CLI
+a signal handler. A foreground target's `supervise` watches the ready deployment until the caller
+is stopped by a signal, and raises LaunchError naming what died (after the restarts it may make).
+What `rackplan deploy` asks besides is each target's own answer, so the CLI
 never branches on a target's name: `render_for` (the rendering it launches), `preflight` (what
 it refuses before anything is built), `dry_run_lines` (what `--dry-run` prints) and `foreground`
 (whether deploy keeps serving until Ctrl-C). executor/backends/mock.py is the test double.
@@ -14,9 +16,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from executor.records import Rendered
 from executor.render import render as render_deployment
@@ -33,6 +37,8 @@ class Backend(ABC):
 
     name: ClassVar[str]
     """The `--target` value that selects this backend."""
+    render_options: ClassVar[tuple[str, ...]] = ()
+    """Deploy flags (of executor/cli.py's TARGET_FLAGS) that `render_for` takes."""
     foreground: bool = False
     """Whether `rackplan deploy` keeps serving in the foreground once ready and tears the
     deployment down on Ctrl-C (else it leaves it running on the target and returns)."""
@@ -54,9 +60,10 @@ class Backend(ABC):
         return None
 
     @classmethod
-    def render_for(cls, deployment: Deployment, model: str) -> Rendered:
+    def render_for(cls, deployment: Deployment, model: str, **options: Any) -> Rendered:
         """The rendering this target launches, serving `model` (by default each host keeps
-        its placeholder name, host0, host1, ..., which the target's scheduler fills in)."""
+        its placeholder name, host0, host1, ..., which the target's scheduler fills in);
+        `options`: the `render_options` given."""
         return render_deployment(deployment, model)
 
     @classmethod
@@ -82,6 +89,15 @@ class Backend(ABC):
     def wait_ready(self, timeout_s: float) -> None:
         """Block until every instance has answered a completion; raise LaunchError naming the
         instance that did not, within `timeout_s` seconds."""
+
+    def supervise(self, restarts: int = 0, ready_timeout_s: float = 600.0,
+                  say: Callable[[str], object] | None = None) -> None:
+        """Serve until the caller is stopped (a signal raises in it); raise LaunchError when
+        part of the deployment died and `restarts` restarts did not bring it back. By default a
+        target has nothing to watch from here and only serves (a cluster's scheduler restarts
+        its own pods)."""
+        while True:
+            time.sleep(1.0)
 
     @abstractmethod
     def teardown(self) -> None:

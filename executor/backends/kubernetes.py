@@ -105,7 +105,7 @@ class KubernetesBackend(Backend):
         self._applied = False
 
     @classmethod
-    def render_for(cls, deployment: Deployment, model: str) -> Rendered:
+    def render_for(cls, deployment: Deployment, model: str, **options: Any) -> Rendered:
         """The rendering, with the hardware it runs on (each host keeps its placeholder name;
         the pods' own addresses replace it)."""
         rendered = render_deployment(deployment, model)

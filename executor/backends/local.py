@@ -15,18 +15,17 @@ The engine comes from the engine environment: `vllm` in $RACKPLAN_ENGINE_VENV/bi
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
+import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -34,6 +33,19 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from executor.backends.base import Backend, LaunchError, write_atomic
+from executor.backends.procs import (
+    INSTANCE_VAR,
+    RUN_VAR,
+    belongs,
+    command,
+    group_members,
+    holding,
+    listening_sockets,
+    port_free,
+    port_holder,
+    started,
+)
+from executor.backends.runs import PIDS_FILE, end_groups, remove_inside, write_run
 from executor.records import LaunchRecord, Rendered
 from executor.render import render
 from simulator.specs.deployment import Deployment
@@ -98,18 +110,10 @@ def free_base_port(count: int) -> int:
     """A base port such that base-1 .. base+count-1 are free now on 127.0.0.1 (the router sits
     at base-1), so that a local deployment does not collide with what already listens here."""
     for candidate in range(20000 + (os.getpid() * 37) % 20000, 60000, 53):
-        if all(_port_free(p) for p in range(candidate - 1, candidate + count)):
+        if all(port_free(p, "127.0.0.1", reuse=False)
+               for p in range(candidate - 1, candidate + count)):
             return candidate
     raise LaunchError(f"no {count + 1} consecutive free ports on this machine")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def gpus_here() -> int:
@@ -135,15 +139,41 @@ def check_fits_here(deployment: Deployment, gpus: int | None = None) -> None:
                           "slurm, or locally a plan on hardware cpu")
 
 
+HEALTH_INTERVAL_S = 5.0
+"""Seconds between two rounds of the supervisor's checks once the deployment is ready."""
+HEALTH_MISSES = 3
+"""Health checks in a row an instance may miss before the supervisor calls it dead: a CPU
+engine in the middle of a long prefill can be slow to answer one."""
+HEALTH_TIMEOUT_S = 10.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals that stop a deployment: each gets the same orderly teardown."""
+WATCHDOG_LOG = "watchdog.log"
+
+
 @dataclass(frozen=True)
 class Launched:
-    """One started process: what it is, its ids and its log."""
+    """One started process: what it is, its ids, its port and its log."""
 
     instance: str
     host: int
     pid: int
     pgid: int
     log: Path
+    port: int | None = None
+    """The HTTP port it serves (an instance's head, the proxy); None for a headless host."""
+
+
+@dataclass(frozen=True)
+class _Command:
+    """How to start one process of the deployment (the proxy's host is -1)."""
+
+    instance: str
+    host: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    log: Path
+    port: int | None
 
 
 class LocalBackend(Backend):
@@ -151,6 +181,8 @@ class LocalBackend(Backend):
 
     name: ClassVar[str] = "local"
     foreground = True
+    deploy_options: ClassVar[tuple[str, ...]] = ("base_port",)
+    render_options: ClassVar[tuple[str, ...]] = ("base_port",)
 
     def __init__(self, rendered: Rendered, run_dir: Path, *, vllm: str | Path | None = None,
                  python: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -159,15 +191,22 @@ class LocalBackend(Backend):
         self.vllm = Path(vllm) if vllm is not None else default_vllm()
         """The `vllm` executable every process runs."""
         self.python = str(python or sys.executable)
-        """Interpreter that runs the proxy (it needs this project's packages)."""
+        """Interpreter that runs the proxy and the watchdog (they need this project)."""
         self.extra_env = dict(env or {})
         """Environment added to every process (after HF_HUB_OFFLINE=1, before the rendered)."""
         self.term_grace_s = term_grace_s
         self.launched: list[Launched] = []
         """Every process started, the proxy last; kept after teardown so callers can check."""
+        self.run_token = ""
+        """The token every process of the current launch carries in RACKPLAN_RUN."""
+        self.ignored_signals: list[str] = []
+        """Stop signals this process inherited as ignored (a background job's SIGINT, nohup's
+        SIGHUP): they stay ignored, and the caller says so."""
         self._popen: dict[int, subprocess.Popen[bytes]] = {}
         self._tearing_down = False
         self._previous: dict[int, Any] = {}
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._watch_fd: int | None = None
 
     # --- files -----------------------------------------------------------------------------
 
@@ -184,10 +223,23 @@ class LocalBackend(Backend):
         """Where a process writes its output (the proxy has no host index)."""
         return self.log_dir / (f"{instance}.log" if host is None else f"{instance}-h{host}.log")
 
+    @property
+    def kv_dir(self) -> Path | None:
+        """The shared-storage KV folder the processes hand KV over through (ExampleConnector
+        on CPU), resolved against the run directory they run in; None without one."""
+        for p in self.rendered.processes:
+            found = _storage_path(p.value("--kv-transfer-config"))
+            if found:
+                return Path(found) if Path(found).is_absolute() else self.run_dir / found
+        return None
+
     @classmethod
-    def render_for(cls, deployment: Deployment, model: str) -> Rendered:
-        """Every host on this machine (render_local)."""
-        return render_local(deployment, model)
+    def render_for(cls, deployment: Deployment, model: str, base_port: int | None = None,
+                   **options: Any) -> Rendered:
+        """Every host on this machine (render_local), from `base_port` when given."""
+        if base_port is None:
+            return render_local(deployment, model)
+        return render_local(deployment, model, base_port=int(base_port))
 
     @classmethod
     def preflight(cls, deployment: Deployment) -> None:
@@ -255,10 +307,39 @@ class LocalBackend(Backend):
                               f"deployment was rendered for host {foreign[0]!r}; render it with "
                               "executor.backends.local.render_local")
 
+    def ports(self) -> dict[int, str]:
+        """Every port the deployment will listen on, and what listens there: each instance's
+        HTTP port, a data-parallel head's RPC port, the proxy's port."""
+        out: dict[int, str] = {}
+        for p in self.rendered.processes:
+            if p.port is not None:
+                out[p.port] = p.instance
+            if p.dp is not None and p.dp.rpc_port is not None and not p.dp.headless:
+                out[p.dp.rpc_port] = f"{p.instance}'s data-parallel RPC"
+        out[self.router_port] = PROXY
+        return out
+
+    def _check_ports(self) -> None:
+        for port, what in sorted(self.ports().items()):
+            if not port_free(port):
+                raise LaunchError(f"port {port} ({what}) is already in use by "
+                                  f"{port_holder(port)}; stop that, or deploy on other ports "
+                                  "(--base-port)")
+
     # --- launch ----------------------------------------------------------------------------
 
+    def _commands(self) -> list[_Command]:
+        """Every process to start, the proxy last."""
+        out = [_Command(p.instance, p.host, self.argv(p), self.environment(p), self.run_dir,
+                        self.log_path(p.instance, p.host), p.port)
+               for p in self.rendered.processes]
+        out.append(_Command(PROXY, -1, self.proxy_argv(), self.environment(None), ROOT,
+                            self.log_path(PROXY), self.router_port))
+        return out
+
     def launch(self) -> None:
-        """Start every process, then the proxy; on any failure end what started and raise."""
+        """Check every port is free, start the watchdog, every process, then the proxy; on any
+        failure end what started and raise."""
         if self.alive():
             raise LaunchError(f"the deployment in {self.run_dir} is already running; tear it "
                               "down before launching it again")
@@ -267,80 +348,142 @@ class LocalBackend(Backend):
         if not self.vllm.exists():
             raise LaunchError(f"the engine executable {self.vllm} does not exist; run "
                               "`make engine` or pass vllm=")
+        self._check_ports()
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.run_token = secrets.token_hex(8)
         self._install_handlers()
         try:
-            for p in self.rendered.processes:
-                self._start(p.instance, p.host, self.argv(p), self.environment(p),
-                            self.run_dir, self.log_path(p.instance, p.host))
-            self._start(PROXY, None, self.proxy_argv(), self.environment(None), ROOT,
-                        self.log_path(PROXY))
+            self._write_pids()
+            self._start_watchdog()
+            for c in self._commands():
+                self._start(c)
         except OSError as exc:
             self.teardown()
             raise LaunchError(f"cannot start a process of the deployment: {exc}") from None
 
-    def _start(self, instance: str, host: int | None, argv: list[str], env: dict[str, str],
-               cwd: Path, log: Path) -> None:
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+    def _start(self, c: _Command, append_log: bool = False) -> Launched:
+        """Start one process in its own group; it takes its place in `launched` (its old
+        place, for a restart) and pids.json is written at once."""
+        with open(c.log, "ab" if append_log else "wb") as out:
+            proc = subprocess.Popen(
+                c.argv, cwd=c.cwd, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, **c.env, RUN_VAR: self.run_token, INSTANCE_VAR: c.instance})
         self._popen[proc.pid] = proc
-        self.launched.append(Launched(instance, -1 if host is None else host, proc.pid,
-                                      proc.pid, log))
+        started_one = Launched(c.instance, c.host, proc.pid, proc.pid, c.log, c.port)
+        at = next((i for i, r in enumerate(self.launched)
+                   if (r.instance, r.host) == (c.instance, c.host)), None)
+        if at is None:
+            self.launched.append(started_one)
+        else:
+            self.launched[at] = started_one
         self._write_pids()
+        return started_one
 
     def _write_pids(self) -> None:
         rows = [{"instance": r.instance, "host": r.host, "pid": r.pid, "pgid": r.pgid,
-                 "log": str(r.log)} for r in self.launched]
-        write_atomic(self.run_dir / "pids.json", json.dumps(rows, indent=2) + "\n")
+                 "port": r.port, "log": str(r.log), "run": self.run_token}
+                for r in self.launched]
+        write_atomic(self.run_dir / PIDS_FILE, json.dumps(rows, indent=2) + "\n")
+
+    def _start_watchdog(self) -> None:
+        """The watchdog holds the read end of a pipe only this process writes: when this
+        process dies, however, it ends what is left (executor/watchdog.py)."""
+        read, write = os.pipe()
+        try:
+            with open(self.log_dir / WATCHDOG_LOG, "ab") as log:
+                self._watchdog = subprocess.Popen(
+                    [self.python, "-m", "executor.watchdog", str(self.run_dir.resolve()),
+                     f"{self.term_grace_s:g}"],
+                    cwd=ROOT, stdin=read, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+        except OSError:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        self._watch_fd = write
+        me = os.getpid()
+        write_run(self.run_dir, self.run_token, me, started(me), self._watchdog.pid,
+                  self.kv_dir)
+
+    def _close_watchdog(self) -> None:
+        if self._watch_fd is not None:
+            os.close(self._watch_fd)
+            self._watch_fd = None
+        if self._watchdog is not None:
+            try:
+                self._watchdog.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+                self._watchdog.wait()
+            self._watchdog = None
 
     # --- readiness -------------------------------------------------------------------------
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Return once each instance and then the proxy answered a completion; else end
-        everything and raise LaunchError naming the instance, with the tail of its log."""
+        """Return once each instance and then the proxy answered a completion, from the
+        process this launch started on its port; else end everything and raise LaunchError
+        naming the instance, with the tail of its log."""
         if not self.launched:
             raise LaunchError("nothing to wait for: launch() has not started the deployment")
         deadline = time.monotonic() + timeout_s
         try:
-            heads = {p.instance: f"http://127.0.0.1:{p.port}"
-                     for p in self.rendered.processes if p.port is not None}
-            while heads:
-                self._check_alive()
-                for name, url in list(heads.items()):
-                    if _completes(url, deadline) is not None:
-                        del heads[name]
-                if heads and time.monotonic() >= deadline:
-                    name = next(iter(heads))
-                    raise self._failure(name, f"{name} did not answer a completion within "
-                                              f"{timeout_s:g} s")
-                if heads:
-                    time.sleep(1.0)
-            while True:
-                self._check_alive()
-                answered = _completes(self.url, deadline)
-                if answered is not None:
-                    if answered.get("x-rackplan-decode"):
-                        return
-                    raise self._failure(PROXY, "the proxy answered without naming its decode "
-                                               "instance")
-                if time.monotonic() >= deadline:
-                    raise self._failure(PROXY, f"the proxy did not answer a completion within "
-                                               f"{timeout_s:g} s")
-                time.sleep(0.5)
+            heads = [p.instance for p in self.rendered.processes if p.port is not None]
+            self._await(heads, deadline, timeout_s)
+            self._await([PROXY], deadline, timeout_s)
         except LaunchError:
             self.teardown()
             raise
 
-    def _check_alive(self) -> None:
+    def _await(self, names: list[str], deadline: float, timeout_s: float,
+               phase: str = "before the deployment was ready") -> None:
+        ports = {r.instance: r.port for r in self.launched if r.port is not None}
+        waiting = [n for n in names if n in ports]
+        while waiting:
+            self._check_alive(phase)
+            for name in list(waiting):
+                port = ports[name]
+                answered = _completes(f"http://127.0.0.1:{port}", deadline)
+                if answered is None or not self._ours(name, port):
+                    continue
+                if name == PROXY and not answered.get("x-rackplan-decode"):
+                    raise self._failure(PROXY, "the proxy answered without naming its decode "
+                                               "instance")
+                waiting.remove(name)
+            if waiting and time.monotonic() >= deadline:
+                raise self._failure(waiting[0], f"{waiting[0]} did not answer a completion "
+                                                f"within {timeout_s:g} s")
+            if waiting:
+                time.sleep(0.5 if waiting == [PROXY] else 1.0)
+
+    def _ours(self, instance: str, port: int) -> bool:
+        """Whether the answer on `port` came from the process this launch started for
+        `instance`: True, False when nothing listens there right now, LaunchError when
+        another process does (an earlier deployment's leftover, say)."""
+        sockets = listening_sockets(port)
+        if sockets is None:  # no process table: the port was free at launch, trust it
+            return True
+        if not sockets:
+            return False
+        mine = [pid for r in self.launched if r.instance == instance
+                for pid in group_members(r.pgid)]
+        if any(belongs(pid, self.run_token, instance) for pid in holding(sockets, mine)):
+            return True
+        others = holding(sockets)
+        if not others:  # it went away while we looked
+            return False
+        pid = min(others)
+        raise self._failure(instance, f"port {port} of {instance} was answered by pid {pid} "
+                                      f"({command(pid) or 'unknown'}), not by the {instance} "
+                                      "this deployment started")
+
+    def _check_alive(self, phase: str) -> None:
         for r in self.launched:
             code = self._popen[r.pid].poll()
             if code is not None:
-                what = f"exit code {code}" if code >= 0 else f"signal {-code}"
-                host = f" (host {r.host})" if r.host > 0 else ""
-                raise self._failure(r.instance, f"{r.instance}{host} exited ({what}) before "
-                                                "the deployment was ready", r.log)
+                raise self._failure(r.instance, f"{r.instance}{_host(r)} exited "
+                                                f"({_exit_text(code)}) {phase}", r.log)
 
     def _failure(self, instance: str, sentence: str, log: Path | None = None) -> LaunchError:
         if log is None:
@@ -350,36 +493,90 @@ class LocalBackend(Backend):
         body = "\n".join("  | " + line for line in tail) if tail else "  | (empty)"
         return LaunchError(f"{sentence}; last lines of {log}:\n{body}")
 
+    # --- after ready -----------------------------------------------------------------------
+
+    def supervise(self, restarts: int = 0, ready_timeout_s: float = 600.0,
+                  say: Callable[[str], object] | None = None,
+                  interval_s: float = HEALTH_INTERVAL_S) -> None:
+        """Watch the ready deployment until the caller is stopped (a signal): every
+        `interval_s` each process must still run and each instance and the proxy answer
+        /health. One that exited, or missed HEALTH_MISSES checks in a row, is restarted (the
+        whole instance, then waited for like at launch) while fewer than `restarts` restarts
+        were made; else LaunchError names it with its log tail (the caller tears down)."""
+        tell = say or _to_stderr
+        made = 0
+        misses: dict[str, int] = {}
+        while True:
+            problem = self._problem(misses)
+            if problem is not None:
+                instance, what, log = problem
+                if made >= restarts:
+                    again = f" (after {made} restart(s))" if made else ""
+                    raise self._failure(instance, f"{instance} {what} after the deployment was "
+                                                  f"ready{again}", log)
+                made += 1
+                tell(f"{instance} {what}; restarting it ({made} of {restarts})")
+                self._restart(instance, ready_timeout_s)
+                misses.clear()
+                tell(f"{instance} is serving again")
+                continue
+            time.sleep(interval_s)
+
+    def _problem(self, misses: dict[str, int]) -> tuple[str, str, Path] | None:
+        """The first process that exited, or instance that stopped answering /health."""
+        for r in self.launched:
+            code = self._popen[r.pid].poll()
+            if code is not None:
+                where = f"host {r.host} " if r.host > 0 else ""
+                return r.instance, f"{where}exited ({_exit_text(code)})", r.log
+        for r in self.launched:
+            if r.port is None:
+                continue
+            if _health(r.port, any_status=r.instance == PROXY):
+                misses.pop(r.instance, None)
+                continue
+            misses[r.instance] = misses.get(r.instance, 0) + 1
+            if misses[r.instance] >= HEALTH_MISSES:
+                return (r.instance, f"stopped answering /health on port {r.port} "
+                                    f"({HEALTH_MISSES} checks in a row)", r.log)
+        return None
+
+    def _restart(self, instance: str, timeout_s: float) -> None:
+        """End every process of `instance` and start them again on the same ports; return
+        once it answers a completion (LaunchError if it does not within `timeout_s`)."""
+        old = [r for r in self.launched if r.instance == instance]
+        end_groups([r.pgid for r in old], self.term_grace_s, self._reap)
+        for r in old:
+            self._popen.pop(r.pid, None)
+        for c in self._commands():
+            if c.instance == instance:
+                self._start(c, append_log=True)
+        self._await([instance], time.monotonic() + timeout_s, timeout_s,
+                    phase="while it was restarted")
+
     # --- teardown --------------------------------------------------------------------------
 
     def teardown(self) -> None:
-        """SIGTERM every process group, SIGKILL what is left after the grace period, reap;
-        idempotent, safe after a failed launch and from a signal handler."""
+        """SIGTERM every process group, SIGKILL what is left after the grace period, reap,
+        remove the KV folder, let the watchdog go; idempotent, safe after a failed launch and
+        from a signal handler."""
         if self._tearing_down:
             return
         self._tearing_down = True
         try:
-            groups = [r.pgid for r in self.launched]
-            for pgid in groups:
-                _signal_group(pgid, signal.SIGTERM)
-            self._wait_groups(groups, self.term_grace_s)
-            for pgid in groups:
-                if group_members(pgid):
-                    _signal_group(pgid, signal.SIGKILL)
-            self._wait_groups(groups, 10.0)
+            end_groups([r.pgid for r in self.launched], self.term_grace_s, self._reap)
+            kv = self.kv_dir
+            if self.launched and kv is not None:
+                remove_inside(self.run_dir, kv)
+            self._close_watchdog()
         finally:
             self._popen = {pid: p for pid, p in self._popen.items() if p.poll() is None}
             self._restore_handlers()
             self._tearing_down = False
 
-    def _wait_groups(self, groups: list[int], seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while True:
-            for p in self._popen.values():
-                p.poll()  # reap our own children so they do not linger as zombies
-            if not any(group_members(g) for g in groups) or time.monotonic() >= end:
-                return
-            time.sleep(0.1)
+    def _reap(self) -> None:
+        for p in self._popen.values():
+            p.poll()  # reap our own children so they do not linger as zombies
 
     def alive(self) -> list[Launched]:
         """The started processes whose group still has a live member."""
@@ -391,7 +588,11 @@ class LocalBackend(Backend):
         atexit.register(self.teardown)
         if self._previous or not _main_thread():
             return
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        self.ignored_signals = []
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) == signal.SIG_IGN:  # inherited: honoured, and said
+                self.ignored_signals.append(sig.name)
+                continue
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def _restore_handlers(self) -> None:
@@ -402,16 +603,57 @@ class LocalBackend(Backend):
             self._previous.clear()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        previous = self._previous.get(signum)
-        self.teardown()
-        if previous == signal.SIG_IGN:
+        """A stop signal: the caller's handler if it had one, else KeyboardInterrupt for
+        SIGINT and SystemExit(128 + signal) for the others; the teardown follows in the
+        caller's cleanup or at exit. During a teardown, further signals wait for it."""
+        if self._tearing_down:
             return
+        previous = self._previous.get(signum)
         if callable(previous):
             previous(signum, frame)
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
         else:
             raise SystemExit(128 + signum)
+
+
+def _exit_text(code: int) -> str:
+    return f"exit code {code}" if code >= 0 else f"signal {-code}"
+
+
+def _host(r: Launched) -> str:
+    return f" (host {r.host})" if r.host > 0 else ""
+
+
+def _to_stderr(line: str) -> None:
+    print(f"rackplan: {line}", file=sys.stderr, flush=True)
+
+
+def _health(port: int, any_status: bool = False) -> bool:
+    """Whether 127.0.0.1:`port` answers GET /health: with 200, or (`any_status`) at all."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
+                                    timeout=HEALTH_TIMEOUT_S) as resp:
+            return bool(resp.status == 200 or any_status)
+    except urllib.error.HTTPError:
+        return any_status
+    except (OSError, ValueError):
+        return False
+
+
+def _storage_path(value: object) -> str | None:
+    """The `shared_storage_path` anywhere in a --kv-transfer-config value (a MultiConnector
+    nests its connectors' configs)."""
+    if isinstance(value, Mapping):
+        found = value.get("shared_storage_path")
+        if isinstance(found, str) and found:
+            return found
+        values: list[object] = list(value.values())
+    elif isinstance(value, list | tuple):
+        values = list(value)
+    else:
+        return None
+    return next((f for f in map(_storage_path, values) if f), None)
 
 
 def _main_thread() -> bool:
@@ -421,36 +663,6 @@ def _main_thread() -> bool:
 
 def _as_list(value: object) -> list[object]:
     return list(value) if isinstance(value, list | tuple) else []
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:

@@ -3,6 +3,7 @@ the one-line errors of the CLI contract."""
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import types
@@ -163,23 +164,33 @@ def mock_backends(monkeypatch, **options) -> list[MockBackend]:
     return built
 
 
-def test_local_launch_serves_in_the_foreground_until_ctrl_c_then_tears_down(
-        tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_local_launch_serves_in_the_foreground_until_a_stop_signal_then_tears_down(
+        tmp_path, monkeypatch, capsys, sig):
     monkeypatch.setattr("executor.backends.local.gpus_here", lambda: 72)  # a 72-GPU machine
-    built = mock_backends(monkeypatch, foreground=True)
-
-    def interrupt(seconds):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(cli.time, "sleep", interrupt)
+    built = mock_backends(monkeypatch, foreground=True, stop_with=sig)
+    before = signal.getsignal(sig)
     assert main(["deploy", str(PD), "--target", "local", "--model-path", "/m",
-                 "--timeout", "30"]) == 0
+                 "--timeout", "30", "--restart", "2", "--out", str(tmp_path / "run")]) == 0
     (backend,) = built
-    assert backend.calls == ["launch", "wait_ready 30", "teardown"]
+    assert backend.calls == ["launch", "wait_ready 30", "supervise 2", "teardown"]
     assert {p.dp.address for p in backend.rendered.processes if p.dp} == {"127.0.0.1"}
     out = capsys.readouterr()
     assert out.out == "router: http://127.0.0.1:8099\n"
-    assert "press Ctrl-C" in out.err
+    assert "press Ctrl-C or send SIGTERM" in out.err
+    assert f"rackplan: {sig.name}: stopping; tearing the deployment down" in out.err
+    assert out.err.rstrip().endswith("rackplan: stopped")
+    assert signal.getsignal(sig) == before  # deploy's handlers are gone again
+
+
+def test_a_deployment_that_dies_after_ready_is_torn_down_with_exit_1(tmp_path, monkeypatch,
+                                                                      capsys):
+    monkeypatch.setattr("executor.backends.local.gpus_here", lambda: 72)
+    built = mock_backends(monkeypatch, foreground=True, fail="supervise")
+    assert main(["deploy", str(PD), "--target", "local", "--model-path", "/m",
+                 "--out", str(tmp_path / "run")]) == 1
+    assert built[0].calls == ["launch", "wait_ready 1800", "supervise 0", "teardown"]
+    assert capsys.readouterr().err.splitlines()[-1] == "rackplan: error: supervise failed (mock)"
 
 
 def test_a_target_that_does_not_serve_in_the_foreground_is_left_running(tmp_path, monkeypatch,

@@ -195,9 +195,7 @@ def test_the_first_instance_s_head_node_runs_the_router_until_its_engine_ends(tm
     _urls_of_every_instance_but(folder, "prefill-0")
     fake_tool(tools, "srun", "until [[ -s proxy.pid ]]; do sleep 0.1; done\n")  # the engine
     fake_tool(tools, "python", 'echo "$*" > proxy.args; echo $$ > proxy.pid; exec sleep 60\n')
-    start = time.monotonic()
-    run_task(folder, tools, "prefill.sbatch", 0, ["p0n0"])
-    assert time.monotonic() - start < 30  # the router is stopped with the engine
+    run_task(folder, tools, "prefill.sbatch", 0, ["p0n0"])  # the router ends with the engine
     assert (folder / "proxy.args").read_text() == "-m executor.proxy --config router.json\n"
     assert json.loads((folder / "router.json").read_text())["prefill_urls"][0] == \
         "http://p0n0:8100"
@@ -216,11 +214,11 @@ def test_a_router_that_gives_up_ends_its_task_with_an_error(tmp_path, tools):
     backend.render()
     folder = backend.folder
     _urls_of_every_instance_but(folder, "decode-0")
-    fake_tool(tools, "srun", "exec sleep 30\n")  # an engine that keeps serving
-    start = time.monotonic()
+    fake_tool(tools, "srun", "echo $$ > engine.pid; exec sleep 300\n")  # it keeps serving
     r = run_task(folder, tools, "prefill.sbatch", 0, ["p0n0"], check=False,
                  RACKPLAN_ENDPOINT_WAIT_S="0")
-    assert r.returncode == 1 and time.monotonic() - start < 20
+    assert r.returncode == 1
+    assert _gone(int((folder / "engine.pid").read_text()))  # the task ended its engine
     assert "no URL from decode-0 after 0 s" in (folder / "logs" / "router.out").read_text()
 
 

@@ -31,6 +31,8 @@ from simulator.specs.workload import Workload
 T = TypeVar("T")
 PEOPLE_ERRORS = (SpecError, ValidationError, Unavailable, LaunchError, OSError)
 """Errors that are about the input or the machine, shown as their message."""
+ERROR_ICON = ":material/error:"
+"""Streamlit's bundled Material Symbols font draws it (no emoji font needed)."""
 CUSTOM, TRACE = "custom traffic", "upload a trace"
 Arrival = Literal["closed", "poisson", "bursty"]
 
@@ -52,7 +54,7 @@ def errors_shown() -> Iterator[None]:
     try:
         yield
     except PEOPLE_ERRORS as e:
-        st.error(message(e), icon="⚠️")
+        st.error(message(e), icon=ERROR_ICON)
 
 
 def session_dir() -> Path:
@@ -145,12 +147,30 @@ def metric_cards(cards: Sequence[Card], per_row: int = 5) -> None:
             col.metric(card.label, card.value, help=card.help)
 
 
+def _cancel(key: str) -> None:
+    """Cancel button callback: runs before the page is drawn again, which has already
+    interrupted the work (a rerun stops the script at its next Streamlit call)."""
+    st.session_state[key] = True
+
+
+def cancelled(key: str) -> bool:
+    """Whether the run under `key` was cancelled (read once)."""
+    return bool(st.session_state.pop(f"{key}_cancelled", False))
+
+
 def with_status(label: str, work: Callable[[Callable[[float, str], None]], T],
-                done: Callable[[T], str]) -> T | None:
+                done: Callable[[T], str], key: str | None = None) -> T | None:
     """Run `work` under a status box with a progress bar it advances (share, text); errors
-    for people end as st.error, and the status box says so."""
+    for people end as st.error, and the status box says so. With `key`, a Cancel button
+    under the bar stops the work at its next progress report (`cancelled(key)` then says
+    so)."""
     with st.status(label, expanded=True) as status:
         bar = st.progress(0.0, text="starting")
+        slot = st.empty()
+        if key is not None:
+            slot.button("Cancel", key=f"{key}_cancel", icon=":material/cancel:",
+                        on_click=_cancel, args=(f"{key}_cancelled",),
+                        help="Stop this run; the results shown before it stay")
 
         def advance(share: float, text: str) -> None:
             bar.progress(min(max(share, 0.0), 1.0), text=text)
@@ -158,8 +178,10 @@ def with_status(label: str, work: Callable[[Callable[[float, str], None]], T],
         try:
             result = work(advance)
         except PEOPLE_ERRORS as e:
+            slot.empty()
             status.update(label=f"{label} failed", state="error", expanded=True)
-            st.error(message(e), icon="⚠️")
+            st.error(message(e), icon=ERROR_ICON)
             return None
+        slot.empty()
         status.update(label=done(result), state="complete", expanded=False)
         return result

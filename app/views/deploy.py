@@ -22,7 +22,7 @@ from app.deploying import (
     render_for,
     start_bench,
 )
-from app.widgets import PEOPLE_ERRORS, errors_shown, message
+from app.widgets import ERROR_ICON, PEOPLE_ERRORS, errors_shown, message
 from executor.render import Rendered
 from planner.plan import describe
 from simulator.specs.loading import dump_deployment
@@ -115,7 +115,7 @@ def live_status() -> None:
     st.markdown(f"**Local deployment:** {job.phase}")
     for error in (job.error, st.session_state.pop("deploy_error", None)):
         if error:
-            st.error(error, icon="⚠️")
+            st.error(error, icon=ERROR_ICON)
     st.dataframe(instance_status(dep.rendered), hide_index=True)
     st.code("\n".join(job.log[-20:]) or "(no events yet)", language="text")
     c1, c2 = st.columns(2)
@@ -126,7 +126,7 @@ def live_status() -> None:
     if bench is not None:
         st.markdown(f"**Benchmark:** {bench.phase}")
         if bench.error:
-            st.error(bench.error, icon="⚠️")
+            st.error(bench.error, icon=ERROR_ICON)
         elif bench.result is not None:
             rows = comparison_rows(bench.result)
             if rows:

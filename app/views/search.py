@@ -19,7 +19,7 @@ from app.searching import (
     search_config,
     top_plans,
 )
-from app.widgets import errors_shown, model_and_hardware, with_status, workload_input
+from app.widgets import cancelled, errors_shown, model_and_hardware, with_status, workload_input
 from planner import defaults
 from planner.load import load_text
 from planner.plan import describe
@@ -38,22 +38,22 @@ def inputs() -> Callable[[], SearchForm]:
         build_workload = workload_input(P, default_requests=300,
                                         default_source=defaults.WORKLOAD)
     with st.expander("SLOs and search", expanded=True):
-        c1, c2, c3 = st.columns(3)
+        c1, c2 = st.columns(2)
         slo = {s.metric: s.value for s in defaults.SLOS}
         ttft = c1.number_input("TTFT p90 at most (ms; 0: none)", 0.0, 1e7,
                                slo.get("ttft_p90_ms", 0.0), key=f"{P}_ttft")
         user = c2.number_input("tok/s/user p90 at least (0: none)", 0.0, 1e5,
                                slo.get("tok_s_user_p90", 0.0), key=f"{P}_user")
-        objective = c3.radio("Objective", ["slo", "pareto"], horizontal=True,
+        objective = st.radio("Objective", ["slo", "pareto"], horizontal=True,
                              key=f"{P}_objective",
                              help="slo: most throughput per GPU within the SLOs; pareto: the "
                                   "front of throughput per GPU vs tokens/s per user")
         extra = st.text_area("More SLOs, one NAME=VALUE per line (e.g. tpot_p90_ms=50)", "",
                              key=f"{P}_extra", height=68)
-        c4, c5, c6 = st.columns(3)
+        c4, c5 = st.columns(2)
         trials = c4.number_input("Trials", 1, 10_000, 30, key=f"{P}_trials")
         seed = c5.number_input("Sampler seed", 0, 2**31 - 1, 0, key=f"{P}_seed")
-        layouts = c6.multiselect("Layouts", list(LAYOUTS), list(LAYOUTS), key=f"{P}_layouts")
+        layouts = st.multiselect("Layouts", list(LAYOUTS), list(LAYOUTS), key=f"{P}_layouts")
         loads = st.text_input("Search the load too (auto, or users / requests/s such as "
                               "8,16,64; empty: the workload's own)", "", key=f"{P}_loads")
     with st.expander("Storage"):
@@ -81,7 +81,7 @@ def search(form: Callable[[], SearchForm]) -> None:
             lambda advance: run(config, progress=lambda done, total, best: advance(
                 done / total, f"trial {done} of {total} · {best}")),
             lambda o: (f"{o.summary.trials} trials, {o.summary.simulations} simulated, "
-                       f"{o.summary.feasible} meet the SLOs ({o.wall_s:.1f} s)"))
+                       f"{o.summary.feasible} meet the SLOs ({o.wall_s:.1f} s)"), key=P)
         if outcome is not None:
             st.session_state["search"] = outcome
             if outcome.plan is not None:
@@ -134,9 +134,18 @@ def results(o: SearchOutcome) -> None:
 
 st.title("Search")
 st.caption("Find the deployments with the most throughput per GPU that meet the SLOs within a "
-           "GPU budget (the same search as `rackplan search`).")
-build_form = inputs()
-if st.button("Run search", type="primary", key=f"{P}_run"):
+           "GPU budget (the same search as `rackplan search`); set it up in the sidebar.")
+with st.sidebar:
+    run_clicked = st.button("Run search", type="primary", key=f"{P}_run",
+                            icon=":material/play_arrow:", width="stretch")
+    build_form = inputs()
+if run_clicked:
     search(build_form)
+if cancelled(P):
+    st.info("Search cancelled; the trials it finished stay in the study, and running the same "
+            "search again resumes it.", icon=":material/info:")
 if "search" in st.session_state:
     results(st.session_state["search"])
+else:
+    st.info("Set the model, GPU budget, traffic and SLOs in the sidebar and press Run search.",
+            icon=":material/info:")

@@ -9,7 +9,7 @@ import streamlit as st
 from app import charts
 from app.inputs import DEFAULT_ROLES, LAYOUT_LABELS, DeploymentKnobs, RoleKnobs, build_deployment
 from app.whatif import WhatIf, metric_cards, run_whatif, throughput_series
-from app.widgets import errors_shown, model_and_hardware, with_status, workload_input
+from app.widgets import cancelled, errors_shown, model_and_hardware, with_status, workload_input
 from app.widgets import metric_cards as show_cards
 from planner.plan import describe
 from simulator.specs.loading import dump_deployment
@@ -21,7 +21,6 @@ P = "wi"
 def role_inputs(role: str) -> RoleKnobs:
     """The knobs of one role, in a column."""
     d = DEFAULT_ROLES[role]
-    st.markdown(f"**{role}**")
     k = f"{P}_{role}"
     instances = st.number_input("Instances", 1, 4096, d.instances, key=f"{k}_instances")
     dep = st.number_input("DEP (ranks per instance)", 1, 1024, d.dep, key=f"{k}_dep")
@@ -43,11 +42,13 @@ def role_inputs(role: str) -> RoleKnobs:
 
 
 def inputs() -> tuple[DeploymentKnobs, Callable[[], Workload]]:
+    """The form, in the sidebar (results stay in view in the page after a run)."""
     with st.expander("Model and hardware", expanded=True):
         model, hardware = model_and_hardware(P)
-        c1, c2, c3, c4 = st.columns(4)
+        c1, c2 = st.columns(2)
         engine = c1.selectbox("Engine tables", ["vllm", "sglang", "trtllm"], key=f"{P}_engine")
         weights = c2.selectbox("Weights", ["fp8", "bf16", "fp4"], key=f"{P}_weights")
+        c3, c4 = st.columns(2)
         kv = c3.selectbox("KV cache", ["fp8", "bf16"], key=f"{P}_kv")
         budget = c4.number_input("GPU budget (0: what the roles use)", 0, 100_000, 0,
                                  key=f"{P}_budget",
@@ -58,10 +59,9 @@ def inputs() -> tuple[DeploymentKnobs, Callable[[], Workload]]:
         layout = st.radio("Layout", list(LAYOUT_LABELS), format_func=LAYOUT_LABELS.__getitem__,
                           horizontal=True, key=f"{P}_layout")
         names = ("prefill", "decode") if layout == "pd" else ("aggregated",)
-        cols = st.columns(len(names))
         roles = {}
-        for col, name in zip(cols, names, strict=True):
-            with col:
+        for tab, name in zip(st.tabs(list(names)), names, strict=True):
+            with tab:
                 roles[name] = role_inputs(name)
     knobs = DeploymentKnobs(model=model, hardware=hardware, engine=str(engine),
                             weights=str(weights), kv_cache=str(kv), gpu_budget=int(budget),
@@ -77,7 +77,7 @@ def simulate(knobs: DeploymentKnobs, build_workload: Callable[[], Workload]) -> 
             f"Simulating {workload.requests:,} requests on {deployment.gpus_used} GPUs",
             lambda advance: run_whatif(deployment, workload, progress=lambda share: advance(
                 share, f"{share:.0%} of requests done")),
-            lambda w: f"Simulated {w.result.completed:,} requests in {w.wall_s:.1f} s")
+            lambda w: f"Simulated {w.result.completed:,} requests in {w.wall_s:.1f} s", key=P)
         if outcome is not None:
             st.session_state["whatif"] = outcome
 
@@ -119,10 +119,19 @@ def results(w: WhatIf) -> None:
 
 
 st.title("What-if")
-st.caption("Pick a model, hardware, traffic and a deployment; the discrete-event simulator "
-           "predicts what it serves.")
-knobs, build_workload = inputs()
-if st.button("Run simulation", type="primary", key=f"{P}_run"):
+st.caption("Pick a model, hardware, traffic and a deployment in the sidebar; the discrete-event "
+           "simulator predicts what it serves.")
+with st.sidebar:
+    run_clicked = st.button("Run simulation", type="primary", key=f"{P}_run",
+                            icon=":material/play_arrow:", width="stretch")
+    knobs, build_workload = inputs()
+if run_clicked:
     simulate(knobs, build_workload)
+if cancelled(P):
+    st.info("Simulation cancelled; the results below are from the run before it.",
+            icon=":material/info:")
 if "whatif" in st.session_state:
     results(st.session_state["whatif"])
+else:
+    st.info("Set the model, traffic and deployment in the sidebar and press Run simulation.",
+            icon=":material/info:")

@@ -84,7 +84,10 @@ def read_yaml(path: Path) -> Any:
         if size > MAX_YAML_NODES:
             raise SpecError(f"{path}: expands to more than {MAX_YAML_NODES:,} YAML nodes "
                             "through its anchors and aliases (a spec has hundreds)")
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except ValueError as exc:  # an integer of over 4,300 digits, a date like 2001-02-30
+            raise SpecError(f"{path}: invalid YAML: {str(exc).split(':')[0]}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: {_yaml_problem(exc)}") from None
     except RecursionError:

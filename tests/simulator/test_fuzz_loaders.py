@@ -357,6 +357,17 @@ def test_a_yaml_file_with_a_control_character_is_refused(folder: Path) -> None:
         load_deployment(path)
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ("model: x\ndecode: {dep: " + "9" * 5000 + "}\n", "invalid YAML: Exceeds the limit (4300"),
+    ("model: x\nhardware: 2001-02-30\n", "invalid YAML: day is out of range for month"),
+])
+def test_a_yaml_value_python_cannot_build_is_refused(folder: Path, text: str,
+                                                      needle: str) -> None:
+    for load in (load_deployment, load_plan_or_deployment):
+        with pytest.raises(SpecError, match=needle.replace("(", r"\(")):
+            load(_file(folder, ".yaml", text))
+
+
 ROW = '{"timestamp": 0, "input_length": 5, "output_length": 1'
 
 

@@ -11,10 +11,13 @@ piece is reported as `Unavailable` with a sentence, not a traceback.
 from __future__ import annotations
 
 import importlib
+import io
+import shutil
 import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +26,11 @@ from typing import Any
 import yaml
 
 from executor.backends import BACKENDS
+from executor.backends.base import LaunchError
 from executor.backends.local import LocalBackend
 from executor.cli import local_command_lines, model_path
 from executor.cli import render_for as deploy_rendering
+from executor.flavors import DEFAULT_FLAVOR, FLAVORS
 from executor.render import Rendered
 from planner.plan import is_plan, write_plan
 from simulator.specs.deployment import Deployment
@@ -34,7 +39,11 @@ from simulator.specs.loading import dump_deployment, dump_workload, load_deploym
 from simulator.specs.workload import Workload
 
 TARGETS = tuple(BACKENDS)
+FLAVOR_NAMES = (DEFAULT_FLAVOR, *(f for f in FLAVORS if f != DEFAULT_FLAVOR))
+"""Kubernetes flavors (executor/flavors), the default first."""
 LOCALHOST = "127.0.0.1"
+APP_NAME = "rackplan"
+"""Prefix of the objects and jobs a target's files name (`rackplan deploy --name`)."""
 
 
 class Unavailable(RuntimeError):
@@ -123,10 +132,51 @@ def command_lines(target: str, rendered: Rendered) -> list[str]:
 
 
 def command_rows(rendered: Rendered) -> list[dict[str, Any]]:
-    """One table row per process: its instance, role, host index, API port (heads only) and
-    the data-parallel ranks it runs (1 without data parallelism)."""
-    return [{"instance": p.instance, "role": p.role, "host": p.host, "port": p.port,
+    """One table row per process of a local launch: its instance, role, API port (heads only)
+    and the data-parallel ranks it runs (1 without data parallelism). Every process runs on
+    this machine, so there is no host column."""
+    return [{"instance": p.instance, "role": p.role, "port": p.port,
              "ranks": p.dp.local if p.dp is not None else 1} for p in rendered.processes]
+
+
+def is_disaggregated(deployment: Deployment) -> bool:
+    """Whether the deployment has prefill and decode roles (and so a P/D proxy)."""
+    return deployment.prefill is not None and deployment.decode is not None
+
+
+def target_options(target: str, flavor: str | None) -> dict[str, Any]:
+    """The backend's keyword arguments for the page's choices (kubernetes: the flavor)."""
+    if target == "kubernetes":
+        return {"flavor": flavor or DEFAULT_FLAVOR, "name": APP_NAME}
+    if target == "slurm":
+        return {"app": APP_NAME}
+    return {}
+
+
+def render_files(target: str, rendered: Rendered, folder: Path,
+                 flavor: str | None = None) -> list[Path]:
+    """The files `rackplan deploy --target TARGET [--flavor F] --dry-run` writes (manifests,
+    batch scripts), written under `folder` (emptied first); nothing is started."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    backend = backend_for(target, rendered, folder, **target_options(target, flavor))
+    return [Path(p) for p in backend.render()]
+
+
+def language(path: Path) -> str:
+    """st.code's language of a rendered file."""
+    return {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".sh": "bash",
+            ".sbatch": "bash"}.get(path.suffix, "bash")
+
+
+def zip_files(paths: list[Path], root: Path) -> bytes:
+    """The files as a zip archive, named relative to `root` (the folder of the download)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for p in paths:
+            if p.is_file():
+                z.write(p, str(Path(root.name) / p.relative_to(root)))
+    return buf.getvalue()
 
 
 def head_urls(rendered: Rendered) -> dict[str, str]:
@@ -155,18 +205,20 @@ def _backend_class(target: str) -> Any:
                           f"({type(e).__name__}: {e})") from None
 
 
-def backend_for(target: str, rendered: Rendered, run_dir: Path) -> Any:
-    """The executor backend of `target` bound to `rendered` and `run_dir`; Unavailable when
-    this installation lacks it."""
+def backend_for(target: str, rendered: Rendered, run_dir: Path, **options: Any) -> Any:
+    """The executor backend of `target` bound to `rendered` and `run_dir` (with the target's
+    own options); Unavailable when this installation lacks it."""
     if target not in TARGETS:
         raise SpecError(f"unknown target {target!r}; valid targets: {', '.join(TARGETS)}")
-    return _backend_class(target)(rendered, run_dir)
+    return _backend_class(target)(rendered, run_dir, **options)
 
 
-def dry_run(target: str, rendered: Rendered, run_dir: Path) -> list[Path]:
+def dry_run(target: str, rendered: Rendered, run_dir: Path,
+            flavor: str | None = None) -> list[Path]:
     """Write the target's files (commands, manifests, batch scripts) and start nothing."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = list(backend_for(target, rendered, run_dir).render())
+    paths: list[Path] = list(backend_for(target, rendered, run_dir,
+                                         **target_options(target, flavor)).render())
     return paths
 
 
@@ -188,6 +240,22 @@ def instance_status(rendered: Rendered, healthy: Callable[[str], bool] | None = 
     return [{"instance": name, "role": roles[name], "url": url,
              "status": "healthy" if check(url) else "not answering"}
             for name, url in head_urls(rendered).items()]
+
+
+def live_rows(run_dir: Path, rendered: Rendered) -> list[dict[str, Any]]:
+    """What the local deployment's supervisor recorded in `run_dir`, now: per process its
+    instance, pid, port, whether it runs and answers /health (`executor.backends.runs`,
+    what `rackplan deploy --status RUN_DIR` prints). Before the processes are recorded (or for
+    a backend that records none), each instance's /health instead."""
+    from executor.backends.runs import status_rows
+
+    try:
+        rows = status_rows(run_dir)
+    except LaunchError:
+        return instance_status(rendered)
+    return [{"instance": r.instance, "pid": r.pid, "port": r.port,
+             "running": "yes" if r.running else "no",
+             "answering": {None: "-", True: "yes", False: "no"}[r.answering]} for r in rows]
 
 
 FINAL = ("ready", "done", "failed", "stopped")

@@ -15,6 +15,7 @@ from app.deploying import (
     comparison_rows,
     head_urls,
     instance_status,
+    live_rows,
     plan_source,
     read_plan_path,
     read_plan_text,
@@ -266,6 +267,26 @@ def test_render_for_targets() -> None:
         render_for(d, "mars")
     rows = instance_status(local, healthy=lambda url: url.endswith("8100"))
     assert [r["status"] for r in rows] == ["healthy"] + ["not answering"] * 4
+
+
+def test_live_rows_are_the_supervisors_records(tmp_path: Path) -> None:
+    """What `rackplan deploy --status RUN_DIR` reads; before the processes are recorded, each
+    instance's /health instead."""
+    import json
+
+    local = render_for(load_deployment(EXAMPLE), "local")
+    before = live_rows(tmp_path, local)
+    assert [r["instance"] for r in before] == ["prefill-0", "prefill-1", "prefill-2",
+                                               "prefill-3", "decode-0"]
+    (tmp_path / "run.json").write_text(json.dumps({"run": "token-of-nothing"}))
+    (tmp_path / "pids.json").write_text(json.dumps([
+        {"instance": "decode-0", "pid": 2**22 + 1, "pgid": 2**22 + 1, "port": 8104},
+        {"instance": "router", "pid": 2**22 + 2, "pgid": 2**22 + 2}]))
+    assert live_rows(tmp_path, local) == [
+        {"instance": "decode-0", "pid": 2**22 + 1, "port": 8104, "running": "no",
+         "answering": "no"},
+        {"instance": "router", "pid": 2**22 + 2, "port": None, "running": "no",
+         "answering": "-"}]
 
 
 @pytest.mark.parametrize("fail", [None, "decode-0 exited with code 1"])

@@ -166,19 +166,51 @@ def test_search_bad_slo_is_an_error() -> None:
     assert "unknown metric 'ttft_p90'" in at.error[0].value
 
 
-def test_deploy_shows_rendered_commands_for_the_example() -> None:
+AGGREGATED = ROOT / "examples" / "tiny-moe-cpu-agg.yaml"
+
+
+def deploy_page(plan: Path = EXAMPLE) -> AppTest:
+    at = page("deploy")
+    at.radio(key="dp_source").set_value("a path on this machine").run()
+    at.text_input(key="dp_path").set_value(str(plan)).run()
+    return at
+
+
+def test_deploy_shows_the_local_processes_and_the_proxy_of_a_pd_plan() -> None:
     at = page("deploy")
     assert "No plan yet" in at.info[0].value
-    at.radio(key="dp_source").set_value("a path on this machine").run()
-    at.text_input(key="dp_path").set_value(str(EXAMPLE)).run()
+    at = deploy_page()
     no_problem(at)
     commands = at.code[0].value
     assert commands.count("vllm serve deepseek-v3") == 9
     assert "--data-parallel-size 40" in commands and "kv_consumer" in commands
-    assert len(at.dataframe[0].value) == 9
-    at.selectbox(key="dp_target").set_value("kubernetes").run()
+    rows = at.dataframe[0].value
+    assert len(rows) == 9 and "host" not in rows.columns
+    assert any(e.label.startswith("P/D proxy") for e in at.expander)
+
+
+def test_an_aggregated_plan_has_no_proxy_panel() -> None:
+    at = deploy_page(AGGREGATED)
     no_problem(at)
-    assert "--data-parallel-address host0" in at.code[0].value
+    assert "vllm serve" in at.code[0].value
+    assert not any("P/D" in e.label or "proxy" in e.label for e in at.expander)
+    assert not any("P/D" in m.value for m in at.markdown)
+
+
+@pytest.mark.parametrize(("flavor", "kind"), [("llm-d", "LeaderWorkerSet"),
+                                              ("dynamo", "DynamoGraphDeployment"),
+                                              ("kserve", "LLMInferenceService")])
+def test_deploy_shows_each_flavors_manifests(flavor: str, kind: str) -> None:
+    at = deploy_page()
+    at.selectbox(key="dp_target").set_value("kubernetes").run()
+    at.selectbox(key="dp_flavor").set_value(flavor).run()
+    no_problem(at)
+    manifests = [c for c in at.code if c.language == "yaml"]
+    assert manifests and f"kind: {kind}" in manifests[0].value
+    assert not any("host0" in c.value for c in at.code)  # manifests, not command lines
+    assert any(e.label == "kubernetes/kustomization.yaml" for e in at.expander)
+    assert not at.dataframe  # no per-host process table for a cluster
+    assert at.get("download_button")[0].proto.label == "Download the folder (.zip)"
 
 
 def test_deploy_from_the_search_page_plan(tmp_path: Path) -> None:
@@ -191,16 +223,17 @@ def test_deploy_from_the_search_page_plan(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("target", ["kubernetes", "slurm"])
 def test_deploy_dry_run_writes_the_targets_files(tmp_path: Path, target: str) -> None:
-    at = page("deploy")
-    at.radio(key="dp_source").set_value("a path on this machine").run()
-    at.text_input(key="dp_path").set_value(str(EXAMPLE)).run()
+    at = deploy_page()
     at.selectbox(key="dp_target").set_value(target)
     at.text_input(key="dp_runs").set_value(str(tmp_path)).run()
+    no_problem(at)
+    shown = [e.label for e in at.expander]
     at.button(key="dp_deploy").click().run()
     no_problem(at)
-    files = [e.label for e in at.expander]
-    assert files and all(Path(f).is_file() and Path(f).is_relative_to(tmp_path) for f in files)
-    assert any(f"{target} files (dry run" in m.value for m in at.markdown)
+    written = sorted(p.relative_to(next(tmp_path.iterdir())).as_posix()
+                     for p in tmp_path.rglob("*") if p.is_file())
+    assert written == sorted(shown)  # the files the page shows are the ones written
+    assert any(f"{target} files (dry run" in m.value for m in at.success)
 
 
 def test_deploy_bad_path_is_an_error() -> None:

@@ -772,20 +772,21 @@ def run_search(config: SearchConfig, evaluate: Evaluate | None = None,
     guard = Guard()
     with guard.installed():
         loop = Loop(config, evaluate, guard)
-        pool = None
+        pool, done = None, False
         try:
             pool = worker_pool(config.workers) if config.workers > 1 else None
             loop.run(progress, pool)
             if config.loads:
                 loop.sweep(progress, pool)
             guard.check()
+            done = True
         except KeyboardInterrupt:
             kept = len(records(finished(loop.study)))
             raise Interrupted(kept, redact(config.storage)) from None
         finally:
             loop.close()
             if pool is not None:
-                stop_pool(pool)
+                stop_pool(pool, kill=not done)
     return loop.study
 
 
@@ -808,11 +809,13 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     return pool
 
 
-def stop_pool(pool: ProcessPoolExecutor) -> None:
-    """Shut the pool down; evaluations still running (interrupted) are killed, not awaited."""
-    for process in list(getattr(pool, "_processes", {}).values()):
-        if process.is_alive():
-            process.kill()
+def stop_pool(pool: ProcessPoolExecutor, kill: bool = False) -> None:
+    """Shut the pool down; with `kill` (the search was interrupted) its processes are killed
+    first, their evaluations not awaited."""
+    if kill:
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            if process.is_alive():
+                process.kill()
     pool.shutdown(wait=True, cancel_futures=True)
 
 

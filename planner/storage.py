@@ -53,6 +53,8 @@ HEARTBEAT_S = 10
 """Seconds between two heartbeats of a trial a search holds (asked, not yet told)."""
 GRACE_S = 60
 """A running trial that has not beaten for this long is taken for one a dead search left."""
+CLOSE_S = 5
+"""How long closing a search waits for a heartbeat being written."""
 OWNER = "rackplan:owner"
 """Trial system attribute: the host and process id of the search that runs it."""
 BEAT = "rackplan:heartbeat"
@@ -326,7 +328,7 @@ class Heartbeat:
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout=CLOSE_S)  # a beat waiting on a busy database may stay
             self._thread = None
 
     def _run(self) -> None:

@@ -1,10 +1,14 @@
 """A search survives kills: a SIGKILLed `rackplan search` leaves no worker process behind, and
 running the same command again retries the trials it left running and ends with exactly the
-asked number of finished trials; ^C with workers prints one line and exits 130."""
+asked number of finished trials; ^C with workers prints one line and exits 130. Below the
+processes: stale trials (owner gone, or silent) are failed and asked again, and a ^C'd search
+resumes to its budget."""
 
+import dataclasses
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,8 +18,12 @@ import optuna
 import pytest
 import yaml
 
-from planner.search import finished, records
-from planner.storage import open_storage, retried
+import planner.storage
+from planner.search import Interrupted, SearchConfig, finished, records, run_search
+from planner.space import build_space, suggest
+from planner.storage import OWNER, open_storage, retried
+from simulator.specs.workload import ClosedArrival, FixedLength, Workload
+from tests.planner.fakes import constant
 
 TRIALS = 40
 KILL_AFTER = 4
@@ -171,3 +179,88 @@ def test_ctrl_c_with_workers_prints_one_line_and_keeps_the_trials(tmp_path):
                            timeout=DEADLINE_S)
     assert again.returncode == 0, again.stderr
     assert_the_budget_finished(storage)
+
+
+TINY = Workload(arrival=ClosedArrival(concurrency=8), requests=16,
+                input_tokens=FixedLength(value=512), output_tokens=FixedLength(value=16))
+
+
+def config(storage: str, trials: int) -> SearchConfig:
+    space = build_space("deepseek-r1", "h200", 32, deps=(8, 16), max_num_seqs=(16, 32, 64, 128),
+                        max_num_batched_tokens=(8192,), mtp_tokens=(0, 1),
+                        all2all=("deepep_low_latency",))
+    return SearchConfig(space=space, workload=TINY, trials=trials, seed=0, screen=False,
+                        storage=storage, startup_trials=4, batch=2)
+
+
+def left_running(cfg: SearchConfig, who: dict) -> optuna.trial.FrozenTrial:
+    """A trial with drawn parameters left RUNNING by the search `who`."""
+    store = open_storage(cfg.storage)
+    study = optuna.load_study(study_name=cfg.study_name(), storage=store)
+    trial = study.ask()
+    suggest(trial, cfg.space)
+    store.set_trial_system_attr(trial._trial_id, OWNER, who)
+    return study.get_trials(deepcopy=False)[trial.number]
+
+
+def assert_retried_to_the_budget(study: optuna.Study, lost: optuna.trial.FrozenTrial,
+                                 trials: int) -> None:
+    all_ = study.get_trials(deepcopy=False)
+    assert all_[lost.number].state == TrialState.FAIL
+    assert retried(all_) == {lost.number}
+    again = next(t for t in all_ if lost.number in t.system_attrs.get("retry_history", ()))
+    assert again.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert again.params == lost.params  # the same point, asked again
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in all_) == trials
+    assert len(records(finished(study))) == trials
+    assert TrialState.RUNNING not in [t.state for t in all_]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_trial_whose_search_is_gone_is_failed_and_asked_again(tmp_path, kind):
+    cfg = config(url(tmp_path, kind), trials=4)
+    run_search(cfg, evaluate=constant)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    lost = left_running(cfg, {"host": socket.gethostname(), "pid": int(gone.stdout)})
+    bigger = dataclasses.replace(cfg, trials=8)
+    assert_retried_to_the_budget(run_search(bigger, evaluate=constant), lost, 8)
+
+
+def test_a_silent_trial_of_another_host_is_failed_and_asked_again(tmp_path, monkeypatch):
+    cfg = config(url(tmp_path, "journal"), trials=4)
+    run_search(cfg, evaluate=constant)
+    lost = left_running(cfg, {"host": "another-host", "pid": os.getpid()})
+    monkeypatch.setattr(planner.storage, "GRACE_S", 0.0)  # its last sign of life is too old
+    bigger = dataclasses.replace(cfg, trials=8)
+    assert_retried_to_the_budget(run_search(bigger, evaluate=constant), lost, 8)
+
+
+class Interrupting:
+    """`constant`, until the n-th evaluation: a ^C there."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __call__(self, d):
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+        return constant(d)
+
+
+def test_an_interrupted_search_keeps_its_trials_and_resumes_to_its_budget(tmp_path):
+    cfg = config(url(tmp_path, "sqlite"), trials=10)
+    with pytest.raises(Interrupted) as e:
+        run_search(cfg, evaluate=Interrupting(5))
+    store = open_storage(cfg.storage)
+    study = optuna.load_study(study_name=cfg.study_name(), storage=store)
+    trials = study.get_trials(deepcopy=False)
+    assert e.value.kept == len(records(finished(study))) >= 4
+    assert TrialState.RUNNING not in [t.state for t in trials]
+    interrupted = {t.number for t in trials if t.state == TrialState.FAIL}
+    assert interrupted and interrupted == retried(trials)
+    study = run_search(cfg, evaluate=constant)
+    trials = study.get_trials(deepcopy=False)
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 10
+    assert TrialState.RUNNING not in [t.state for t in trials]

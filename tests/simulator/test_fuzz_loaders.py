@@ -236,6 +236,35 @@ def test_junk_yaml_raises_spec_error(folder: Path, text: str | bytes) -> None:
         refused_or_loaded(load, path)
 
 
+YAML_TEXTS = [p.read_text() for p in sorted((ROOT / "examples").glob("*.yaml"))]
+YAML_VALUES = st.sampled_from([
+    "9" * 5000, "2001-02-30", "2001-12-14t21:59:43.10-05:00", "!!binary aGVsbG8=",
+    "!!set {a, b}", "!!python/object:os.system ls", "!!str 3", "!!int x", "!!float inf",
+    "*nowhere", "&a [*a, *a]", "{<<: 3}", ".nan", "-.inf", "0o10", "0x10", "1:30", "~", "yes",
+    "[", "'", '"\\x"', "{a: {b: {c: [1, [2, [3]]]}}}", "? [a]", "|\n  text", "- - -", "@x",
+])
+"""YAML values Python or PyYAML may fail to build: huge integers, impossible dates, tags,
+undefined and recursive aliases, bad merges, YAML 1.1 numbers, broken flow syntax."""
+
+
+@st.composite
+def yaml_with_a_bad_value(draw: st.DrawFn) -> str:
+    """A real example YAML with one `key: value` line's value replaced."""
+    lines = draw(st.sampled_from(YAML_TEXTS)).splitlines()
+    i = draw(st.sampled_from([i for i, line in enumerate(lines) if ": " in line]))
+    key = lines[i].split(": ", 1)[0]
+    lines[i] = f"{key}: {draw(YAML_VALUES | YAMLISH)}"
+    return "\n".join(lines) + "\n"
+
+
+@fuzz(150)
+@given(yaml_with_a_bad_value())
+def test_yaml_with_a_bad_value_raises_spec_error(folder: Path, text: str) -> None:
+    path = _file(folder, ".yaml", text)
+    for load in (load_deployment, load_workload, load_plan_or_deployment):
+        refused_or_loaded(load, path)
+
+
 # ---- traces -----------------------------------------------------------------------------------
 
 def _jsonl(rows: Any) -> str:

@@ -106,9 +106,11 @@ def expert_figure(view: ExpertView, layer: int) -> go.Figure:
     return _layout(fig, f"{view.role}: expert load per rank, MoE layer {layer}")
 
 
-def pareto_figure(points: Sequence[Mapping[str, Any]], chosen: int | None) -> go.Figure:
+def pareto_figure(points: Sequence[Mapping[str, Any]], chosen: int | None,
+                  chosen_label: str = "chosen") -> go.Figure:
     """Simulated plans as throughput per GPU against median tokens/s per user: every simulated
-    plan, the feasible ones, the Pareto front, and the chosen plan."""
+    plan, the feasible ones, the Pareto front, and the plan the objective picked (its marker
+    says by which rule)."""
     fig = go.Figure()
     groups = (("simulated, misses SLOs", lambda p: not p["feasible"], "lightgray"),
               ("meets SLOs", lambda p: p["feasible"] and not p["front"], "steelblue"),
@@ -127,7 +129,7 @@ def pareto_figure(points: Sequence[Mapping[str, Any]], chosen: int | None) -> go
     best = [p for p in points if p["trial"] == chosen]
     if best:
         fig.add_trace(go.Scatter(x=[best[0]["user"]], y=[best[0]["throughput"]],
-                                 name=f"chosen plan (trial {chosen})", mode="markers",
+                                 name=f"{chosen_label} (trial {chosen})", mode="markers",
                                  marker={"symbol": "star", "size": 18, "color": "crimson"}))
     fig.update_xaxes(title_text="tokens/s per user (p50)")
     fig.update_yaxes(title_text="throughput per GPU (tok/s)")
@@ -135,10 +137,12 @@ def pareto_figure(points: Sequence[Mapping[str, Any]], chosen: int | None) -> go
 
 
 def curves_figure(sweep: Mapping[str, Any], user_floor: float | None = None,
-                  unit: str = "") -> go.Figure:
+                  unit: str = "", chosen: int | None = None,
+                  chosen_label: str | None = None) -> go.Figure:
     """The load sweep: per swept deployment, throughput per GPU against tokens/s per user, one
     point per load (hollow where an SLO is missed), the envelope over every deployment and load,
-    and the tokens/s-per-user SLO as a vertical line."""
+    the tokens/s-per-user SLO as a vertical line, and the chosen plan's point (trial `chosen`)
+    at its load."""
     axis = str(sweep.get("user_axis", "tok_s_user_p50"))
     fig = go.Figure()
     for curve in sweep.get("curves", []):
@@ -158,6 +162,13 @@ def curves_figure(sweep: Mapping[str, Any], user_floor: float | None = None,
                                  y=[p["throughput_tok_s_gpu"] for p in env],
                                  mode="lines", line={"shape": "vh", "width": 3, "color": "black"},
                                  name="envelope (any deployment and load)"))
+    best = [p for c in sweep.get("curves", []) for p in c["points"]
+            if chosen is not None and p.get("trial") == chosen and p.get(axis) is not None]
+    if best:
+        fig.add_trace(go.Scatter(x=[best[0][axis]], y=[best[0]["throughput_tok_s_gpu"]],
+                                 name=f"{chosen_label or 'chosen'} (trial {chosen})",
+                                 mode="markers",
+                                 marker={"symbol": "star", "size": 18, "color": "crimson"}))
     if user_floor is not None:
         fig.add_vline(x=user_floor, line_dash="dash", line_color="gray",
                       annotation_text=f"SLO {user_floor:g} tok/s/user")

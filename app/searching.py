@@ -19,22 +19,34 @@ import yaml
 
 from app.formatting import flatten, show
 from planner.curves import curves, user_axis
-from planner.load import ladder, load_kind
+from planner.load import at_load, ladder, load_kind
 from planner.objectives import SLO, merge_slos, metric_value, parse_slo
-from planner.plan import Summary, advice, build_plan, describe, summarize, why_chosen
+from planner.plan import (
+    COMPARED,
+    Summary,
+    advice,
+    build_plan,
+    describe,
+    summarize,
+    why_chosen,
+)
 from planner.search import SearchConfig, finished, records, run_search
 from planner.space import LAYOUTS, build_space
 from planner.storage import redact
 from simulator.specs.errors import SpecError
+from simulator.specs.loading import dump_workload
 from simulator.specs.workload import Workload
 
 SearchProgress = Callable[[int, int, str], None]
 """Called after each trial with the finished trials, the target, and the best plan so far."""
 
-DIFF_METRICS = ("throughput_tok_s_gpu", "output_tok_s_gpu", "ttft_p50_ms", "ttft_p90_ms",
-                "tpot_p50_ms", "tpot_p90_ms", "tok_s_user_p50", "tok_s_user_p90",
-                "cost_per_mtok_usd")
-"""Metrics every plan diff lists, whether or not they differ."""
+ROLES = ("prefill", "decode", "aggregated")
+COMMON_KNOBS = ("model", "hardware", "engine", "gpus", "precision")
+"""Deployment keys outside the roles that a diff lists first."""
+CHOSEN_LABELS = {"slo": "chosen: the most tok/s/GPU within the SLOs",
+                 "pareto": "plan.yaml: the front's most tok/s/GPU",
+                 "gpus": "chosen: the fewest GPUs within the SLOs"}
+"""What the chosen plan's marker says, per objective (what the objective picked)."""
 
 
 @dataclass(frozen=True)
@@ -178,8 +190,19 @@ def front_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
             for r in simulated(outcome.records)]
 
 
+def standing(r: Mapping[str, Any], chosen: int | None, front: set[int]) -> str:
+    """A simulated plan's place in the search, in a word or two."""
+    if r["number"] == chosen:
+        return "chosen"
+    if r["number"] in front:
+        return "Pareto front"
+    return "meets SLOs" if r.get("meets_slo") else "misses SLOs"
+
+
 def top_plans(outcome: SearchOutcome, n: int = 10) -> list[dict[str, Any]]:
-    """Table rows of the simulated plans, those meeting the SLOs first, by throughput per GPU."""
+    """Table rows of the simulated plans, those meeting the SLOs first, by throughput per GPU:
+    the short columns first and the plan's description last, so a narrow page cuts off words,
+    not numbers."""
     front = {r["number"] for r in outcome.summary.pareto}
     chosen = outcome.summary.best["number"] if outcome.summary.best else None
     rows = sorted(simulated(outcome.records), key=lambda r: (
@@ -190,15 +213,14 @@ def top_plans(outcome: SearchOutcome, n: int = 10) -> list[dict[str, Any]]:
         m = r["metrics"]
         out.append({
             "trial": r["number"],
-            "plan": ("★ " if r["number"] == chosen else "") + describe(r["deployment"]),
+            "standing": standing(r, chosen, front),
             "GPUs": m.get("gpus"),
-            "meets SLOs": bool(r.get("meets_slo")),
-            "Pareto": r["number"] in front,
             "tok/s/GPU": _round(metric_value(m, "throughput_tok_s_gpu"), 0),
             "tok/s/user p50": _round(metric_value(m, "tok_s_user_p50"), 1),
             "tok/s/user p90": _round(metric_value(m, "tok_s_user_p90"), 1),
             "TTFT p90 ms": _round(metric_value(m, "ttft_p90_ms"), 0),
             "TPOT p90 ms": _round(metric_value(m, "tpot_p90_ms"), 1),
+            "plan": describe(r["deployment"]),
         })
     return out
 
@@ -207,16 +229,82 @@ def _round(v: float | None, digits: int) -> float | None:
     return None if v is None else round(v, digits)
 
 
-def plan_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Rows comparing two trial records: every deployment key that differs, then the headline
-    metrics."""
-    da, db = flatten(a["deployment"]), flatten(b["deployment"])
-    rows = [{"what": f"deployment.{k}", "A": show(da.get(k)), "B": show(db.get(k))}
-            for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
-    for k in DIFF_METRICS:
-        va, vb = metric_value(a["metrics"], k), metric_value(b["metrics"], k)
-        rows.append({"what": k, "A": show(va), "B": show(vb)})
+def _roles(d: Mapping[str, Any]) -> list[str]:
+    return [r for r in ROLES if isinstance(d.get(r), Mapping)]
+
+
+def role_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Two trial records' deployments by role and knob: one row per knob, one column per
+    plan and role ("A · prefill", "A · decode", "B · aggregated"...), so a P/D plan and an
+    aggregated one stand side by side. `differs`: the knob differs between plans of the same
+    layout (for different layouts, whether the values of the roles differ at all)."""
+    da, db = a["deployment"], b["deployment"]
+    cols = [(tag, role, d) for tag, d in (("A", da), ("B", db)) for role in _roles(d)]
+    rows: list[dict[str, Any]] = []
+    for knob in COMMON_KNOBS:
+        va, vb = flatten({knob: da.get(knob)}), flatten({knob: db.get(knob)})
+        for key in sorted(set(va) | set(vb)):
+            if va.get(key) is None and vb.get(key) is None:
+                continue
+            row: dict[str, Any] = {"role": "all", "knob": key}
+            for tag, role, _ in cols:
+                row[f"{tag} · {role}"] = show((va if tag == "A" else vb).get(key))
+            row["differs"] = va.get(key) != vb.get(key)
+            rows.append(row)
+    knobs = sorted({k for _, role, d in cols for k in flatten(d[role])})
+    same_layout = _roles(da) == _roles(db)
+    for knob in knobs:
+        values = {(tag, role): flatten(d[role]).get(knob) for tag, role, d in cols}
+        row = {"role": "per role", "knob": knob}
+        for (tag, role), v in values.items():
+            row[f"{tag} · {role}"] = show(v)
+        if same_layout:
+            row["differs"] = any(values[("A", r)] != values[("B", r)] for r in _roles(da))
+        else:
+            row["differs"] = len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1
+        rows.append(row)
     return rows
+
+
+def plan_document(r: Mapping[str, Any], config: SearchConfig) -> dict[str, Any]:
+    """A trial record as the parts of a plan.yaml that `rackplan compare` reads."""
+    workload = config.workload if r.get("load") is None else at_load(config.workload,
+                                                                     r["load"])
+    return {"deployment": r["deployment"], "predicted": r["metrics"],
+            "workload": dump_workload(workload), "slo": {s.metric: s.value for s in config.slos},
+            "provenance": {"seed": config.seed}}
+
+
+def compare_rows(a: Mapping[str, Any], b: Mapping[str, Any],
+                 config: SearchConfig) -> list[dict[str, Any]]:
+    """Two trials as `rackplan compare` shows two plans: its rows (COMPARED), A and B, and
+    whether they differ."""
+    docs = [plan_document(r, config) for r in (a, b)]
+    out = []
+    for label, get in COMPARED:
+        va, vb = (get(d) for d in docs)
+        out.append({"": label, f"A: trial {a['number']}": show(va),
+                    f"B: trial {b['number']}": show(vb),
+                    "differs": json.dumps(va, sort_keys=True) != json.dumps(vb, sort_keys=True)})
+    return out
+
+
+def closest_rows(summary: Summary) -> list[dict[str, Any]]:
+    """When nothing met the SLOs: each SLO against the closest plan, tightest first."""
+    if summary.best is not None or summary.closest is None:
+        return []
+    return [{"SLO": e["slo"], "closest plan": show(e["value"]),
+             "short by": f"{-e['margin']:.0%}" if e["margin"] < 0 else "met"}
+            for e in summary.standing]
+
+
+def has_points(sweep: Mapping[str, Any] | None) -> bool:
+    """Whether a load sweep has any point to draw."""
+    if not sweep:
+        return False
+    axis = sweep.get("user_axis", "tok_s_user_p50")
+    return any(p.get(axis) is not None and p.get("throughput_tok_s_gpu") is not None
+               for c in sweep.get("curves", []) for p in c["points"])
 
 
 def plan_yaml(plan: Mapping[str, Any]) -> str:

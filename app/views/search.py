@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import streamlit as st
 
 from app import charts
 from app.deploying import plan_source
 from app.searching import (
+    CHOSEN_LABELS,
     SearchForm,
     SearchOutcome,
+    closest_rows,
+    compare_rows,
     front_points,
-    plan_diff,
+    has_points,
     plan_yaml,
     reason_rows,
+    role_diff,
     run,
     search_config,
     top_plans,
@@ -88,6 +93,63 @@ def search(form: Callable[[], SearchForm]) -> None:
                 st.session_state["plan"] = plan_source(outcome.plan, "the Search page")
 
 
+TABLE_COLUMNS = {
+    "trial": st.column_config.NumberColumn(width="small"),
+    "standing": st.column_config.TextColumn(width="small"),
+    "GPUs": st.column_config.NumberColumn(width="small"),
+    "plan": st.column_config.TextColumn(width="large"),
+}
+
+
+def curves(o: SearchOutcome, chosen: int | None) -> None:
+    """The load sweep's throughput-interactivity curves, when it has points."""
+    sweep = o.sweep or {}
+    if not has_points(sweep):
+        return
+    axis = sweep.get("user_axis")
+    floor = next((x.value for x in o.config.slos if x.metric == axis), None)
+    label = CHOSEN_LABELS.get(o.config.objective, "chosen") if chosen is not None else None
+    st.plotly_chart(charts.curves_figure(sweep, floor, chosen=chosen, chosen_label=label),
+                    key="se_curves")
+
+
+def infeasible(o: SearchOutcome) -> None:
+    """No plan met the SLOs: why (trials per reason), the closest miss, what would help."""
+    s = o.summary
+    near = s.closest
+    st.warning("No plan met the SLOs. What would: " + "; ".join(o.advice),
+               icon=":material/warning:")
+    c1, c2 = st.columns(2)
+    with c1:
+        st.markdown("**Why no trial met them** (trials per reason)")
+        st.dataframe(reason_rows(s), hide_index=True, key="se_reasons")
+    with c2:
+        if near is None:
+            st.markdown("**Closest miss:** none; no trial reached a simulation.")
+        else:
+            st.markdown(f"**Closest miss** (trial {near['number']}): "
+                        f"{describe(near['deployment'])}")
+            st.dataframe(closest_rows(s), hide_index=True, key="se_closest")
+    curves(o, None)
+
+
+def compare(o: SearchOutcome, rows: list[dict[str, Any]]) -> None:
+    """Two plans side by side: by role and knob, then as `rackplan compare` shows them."""
+    trials = [r["trial"] for r in rows]
+    by_trial = {r["number"]: r for r in o.records}
+    layouts = {t: tuple(k for k in ("prefill", "decode", "aggregated")
+                        if k in by_trial[t]["deployment"]) for t in trials}
+    other = next((i for i, t in enumerate(trials) if layouts[t] != layouts[trials[0]]), 1)
+    st.markdown("**Compare two plans**")
+    c1, c2 = st.columns(2)
+    a = c1.selectbox("Plan A (trial)", trials, index=0, key="se_diff_a")
+    b = c2.selectbox("Plan B (trial)", trials, index=other, key="se_diff_b")
+    st.dataframe(role_diff(by_trial[a], by_trial[b]), hide_index=True, key="se_diff")
+    st.caption("As `rackplan compare A.yaml B.yaml` shows the two plans:")
+    st.dataframe(compare_rows(by_trial[a], by_trial[b], o.config), hide_index=True,
+                 key="se_compare")
+
+
 def results(o: SearchOutcome) -> None:
     s = o.summary
     st.subheader("Results")
@@ -98,37 +160,30 @@ def results(o: SearchOutcome) -> None:
                                        "these trials"))
     chosen = s.best["number"] if s.best else None
     if s.best is None:
-        near = s.closest
-        hint = f" Closest: {describe(near['deployment'])}." if near else ""
-        st.warning(f"No plan met the SLOs.{hint} What would: " + "; ".join(o.advice))
+        infeasible(o)
     else:
         at = (f" at {load_text(o.config.workload, s.best['load'])}"
               if s.best.get("load") is not None else "")
-        st.success(f"Chosen plan (trial {chosen}): {describe(s.best['deployment'])}{at}")
+        st.success(f"Chosen plan (trial {chosen}): {describe(s.best['deployment'])}{at}",
+                   icon=":material/check_circle:")
         st.caption(f"Why this plan: {o.why}")
-    st.markdown("**Why the other trials did not become the plan**")
-    st.dataframe(reason_rows(s), hide_index=True, key="se_reasons")
-    sweep = o.sweep or {}
-    if sweep.get("curves"):
-        axis = sweep.get("user_axis")
-        floor = next((x.value for x in o.config.slos if x.metric == axis), None)
-        st.plotly_chart(charts.curves_figure(sweep, floor), key="se_curves")
-    if any(p["feasible"] for p in front_points(o)):
-        st.plotly_chart(charts.pareto_figure(front_points(o), chosen), key="se_front")
+        curves(o, chosen)
+        points = front_points(o)
+        if any(p["feasible"] for p in points):
+            st.plotly_chart(charts.pareto_figure(points, chosen, CHOSEN_LABELS.get(
+                o.config.objective, "chosen")), key="se_front")
+        with st.expander("Why the other trials did not become the plan"):
+            st.dataframe(reason_rows(s), hide_index=True, key="se_reasons")
     rows = top_plans(o)
-    st.markdown("**Top plans**")
-    st.dataframe(rows, hide_index=True, key="se_table")
-    trials = [r["trial"] for r in rows]
-    if len(trials) >= 2:
-        st.markdown("**Compare two plans**")
-        c1, c2 = st.columns(2)
-        a = c1.selectbox("Plan A (trial)", trials, index=0, key="se_diff_a")
-        b = c2.selectbox("Plan B (trial)", trials, index=1, key="se_diff_b")
-        by_trial = {r["number"]: r for r in o.records}
-        st.dataframe(plan_diff(by_trial[a], by_trial[b]), hide_index=True, key="se_diff")
+    if rows:
+        st.markdown("**Top plans**" if s.best else "**Simulated plans** (none meets the SLOs)")
+        st.dataframe(rows, hide_index=True, key="se_table", column_config=TABLE_COLUMNS)
+    if len(rows) >= 2:
+        compare(o, rows)
     if o.plan is not None:
         st.download_button("Download plan.yaml", plan_yaml(o.plan), file_name="plan.yaml",
-                           mime="application/x-yaml", key="se_download")
+                           mime="application/x-yaml", key="se_download",
+                           icon=":material/download:")
         st.caption("The chosen plan is ready on the Deploy page.")
 
 

@@ -34,9 +34,11 @@ from app.inputs import (
 )
 from app.searching import (
     SearchForm,
-    SearchOutcome,
+    closest_rows,
+    compare_rows,
     front_points,
-    plan_diff,
+    has_points,
+    role_diff,
     search_config,
     slos_of,
     top_plans,
@@ -49,16 +51,13 @@ from app.whatif import (
     throughput_series,
 )
 from planner.objectives import SLO
-from planner.plan import summarize
-from planner.search import SearchConfig
-from planner.space import build_space
 from simulator.des import Timeline
 from simulator.eplb import identity_placement
 from simulator.resolve import resolve
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
 from simulator.specs.workload import Workload
-from tests.app.fakes import FakeBackend
+from tests.app.fakes import FakeBackend, outcome_of, record
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "deepseek-v3-h200-pd.yaml"
@@ -205,36 +204,52 @@ def test_search_form() -> None:
     assert config.space.layouts == ("pd",) and config.study_name() == "mine"
 
 
-def _record(n: int, throughput: float, user: float, ok: bool, dep: int) -> dict[str, Any]:
-    return {"number": n, "stage": "simulated", "meets_slo": ok, "layout": "pd",
-            "deployment": {"model": "deepseek-v3", "hardware": "h200",
-                           "prefill": {"instances": 1, "dep": 8},
-                           "decode": {"instances": 1, "dep": dep}},
-            "metrics": {"throughput_tok_s_gpu": throughput, "gpus": 8 + dep,
-                        "tok_s_user": {"p50": user, "p90": user},
-                        "ttft_ms": {"p50": 100.0, "p90": 200.0},
-                        "tpot_ms": {"p50": 1e3 / user, "p90": 1e3 / user}}}
-
-
 def test_front_table_and_diff() -> None:
-    recs = [_record(0, 100.0, 50.0, True, 8), _record(1, 200.0, 20.0, True, 16),
-            _record(2, 150.0, 10.0, True, 24), _record(3, 300.0, 5.0, False, 32),
-            {**_record(4, 200.0, 20.0, True, 16), "reused": 1},
+    recs = [record(0, 100.0, 50.0, True, 8), record(1, 200.0, 20.0, True, 16),
+            record(2, 150.0, 10.0, True, 24), record(3, 300.0, 5.0, False, 32),
+            {**record(4, 200.0, 20.0, True, 16), "reused": 1},
             {"number": 5, "stage": "rejected", "reason": "too big"}]
-    summary = summarize(recs, ())
-    config = SearchConfig(space=build_space("deepseek-v3", "h200", 16), workload=Workload())
-    o = SearchOutcome(config, summary, recs, None, "s", "sqlite:///x.db", ran=6, wall_s=1.0)
+    o = outcome_of(recs)
     points = {p["trial"]: p for p in front_points(o)}
     assert set(points) == {0, 1, 2, 3}
     assert [t for t, p in points.items() if p["front"]] == [0, 1]
     assert not points[3]["feasible"]
     rows = top_plans(o)
     assert [r["trial"] for r in rows] == [1, 2, 0, 3]
-    assert rows[0]["plan"].startswith("★ ") and rows[0]["Pareto"]
-    diff = {r["what"]: (r["A"], r["B"]) for r in plan_diff(recs[0], recs[1])}
-    assert diff["deployment.decode.dep"] == ("8", "16")
-    assert "deployment.prefill.dep" not in diff
-    assert diff["throughput_tok_s_gpu"] == ("100.0", "200.0")
+    assert [r["standing"] for r in rows] == ["chosen", "meets SLOs", "Pareto front",
+                                             "misses SLOs"]
+    assert list(rows[0])[-1] == "plan"  # the long text last: a narrow page cuts words
+    diff = {r["knob"]: r for r in role_diff(recs[0], recs[1]) if r["role"] == "per role"}
+    assert diff["dep"]["A · decode"] == "8" and diff["dep"]["B · decode"] == "16"
+    assert diff["dep"]["differs"] and not diff["instances"]["differs"]
+    cmp = {r[""]: r for r in compare_rows(recs[0], recs[1], o.config)}
+    assert cmp["tok/s per GPU"]["A: trial 0"] == "100.0" and cmp["tok/s per GPU"]["differs"]
+    assert not cmp["model"]["differs"]
+
+
+def test_diff_of_a_pd_and_an_aggregated_plan_puts_the_roles_side_by_side() -> None:
+    pd, agg = record(0, 100.0, 50.0, True, 8), record(1, 90.0, 40.0, True, 16, True)
+    rows = role_diff(pd, agg)
+    assert set(rows[0]) == {"role", "knob", "A · prefill", "A · decode", "B · aggregated",
+                            "differs"}
+    per = {r["knob"]: r for r in rows if r["role"] == "per role"}
+    assert (per["dep"]["A · prefill"], per["dep"]["A · decode"],
+            per["dep"]["B · aggregated"]) == ("8", "8", "16")
+    assert per["max_num_seqs"]["B · aggregated"] == "64" and per["max_num_seqs"]["differs"]
+    assert per["max_num_seqs"]["A · decode"] == "-"  # the knob not given, not another layout
+    common = {r["knob"]: r for r in rows if r["role"] == "all"}
+    assert not common["model"]["differs"]
+
+
+def test_an_infeasible_summary_names_the_closest_miss() -> None:
+    slos = (SLO("tok_s_user_p90", 60.0),)
+    o = outcome_of([record(0, 100.0, 50.0, False, 8), record(1, 200.0, 20.0, False, 16)],
+                   slos)
+    assert o.summary.best is None and o.summary.closest["number"] == 0
+    assert closest_rows(o.summary) == [{"SLO": "tok_s_user_p90 >= 60", "closest plan": "50.0",
+                                        "short by": "17%"}]
+    assert not has_points(o.sweep) and not has_points({"curves": [{"points": [
+        {"tok_s_user_p50": None, "throughput_tok_s_gpu": None}]}]})
 
 
 # --- deploy ------------------------------------------------------------------------------------

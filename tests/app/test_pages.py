@@ -12,7 +12,7 @@ from app.deploying import read_plan_path
 from app.inputs import CustomTraffic, custom_workload
 from app.whatif import run_whatif
 from simulator.specs.loading import load_deployment
-from tests.app.fakes import FakeBackend, fake_bench
+from tests.app.fakes import FakeBackend, fake_bench, outcome_of, record
 
 ROOT = Path(__file__).resolve().parents[2]
 VIEWS = ROOT / "app" / "views"
@@ -112,10 +112,12 @@ def test_search_small_run_shows_front_and_table(tmp_path: Path) -> None:
     reasons = at.dataframe[0].value
     assert set(reasons.columns) == {"stage", "reason", "trials"}
     table = at.dataframe[1].value
-    assert len(table) >= 2 and table["meets SLOs"].iloc[0]
-    assert table["plan"].iloc[0].startswith("★ ")
+    assert len(table) >= 2 and table["standing"].iloc[0] == "chosen"
+    assert list(table.columns)[-1] == "plan"
     diff = at.dataframe[2].value
-    assert "throughput_tok_s_gpu" in list(diff["what"])
+    assert {"role", "knob", "differs"} <= set(diff.columns)
+    compared = at.dataframe[3].value
+    assert "tok/s per GPU" in list(compared[""])
     plan = at.session_state["plan"]
     assert plan.origin == "the Search page" and plan.plan["predicted"]["completed"] == 200
 
@@ -149,6 +151,10 @@ def test_an_infeasible_search_shows_reasons_and_what_would_help(tmp_path: Path) 
     reasons = at.dataframe[0].value
     assert (reasons["trials"] > 0).all() and reasons["trials"].sum() == 4
     assert not at.get("plotly_chart")  # no empty Pareto chart
+    closest = [m.value for m in at.markdown if m.value.startswith("**Closest miss")]
+    assert closest, [m.value for m in at.markdown]
+    if "(trial" in closest[0]:  # a trial was simulated: each SLO against it
+        assert "ttft_p90_ms <= 0.001" in list(at.dataframe[1].value["SLO"])
 
 
 def test_search_with_the_load_searched_draws_the_curves(tmp_path: Path) -> None:
@@ -156,6 +162,26 @@ def test_search_with_the_load_searched_draws_the_curves(tmp_path: Path) -> None:
     no_problem(at)
     assert " at " in at.success[0].value  # the chosen plan names its load
     assert len(at.get("plotly_chart")) == 2  # the curves, and the front
+
+
+def test_the_diff_of_a_pd_and_an_aggregated_plan() -> None:
+    """A finished search put in the session (nothing simulated): plans A and B default to a
+    P/D and an aggregated plan, whose knobs stand side by side by role."""
+    at = AppTest.from_file(str(VIEWS / "search.py"), default_timeout=TIMEOUT)
+    at.session_state["search"] = outcome_of([record(0, 100.0, 50.0, True, 8),
+                                             record(1, 80.0, 40.0, True, 24),
+                                             record(2, 90.0, 45.0, True, 16, True)])
+    at.run()
+    no_problem(at)
+    assert at.selectbox(key="se_diff_b").value == 2  # the first plan of another layout
+    diff = at.dataframe[2].value
+    assert {"A · prefill", "A · decode", "B · aggregated"} <= set(diff.columns)
+    dep = diff[(diff["role"] == "per role") & (diff["knob"] == "dep")].iloc[0]
+    assert (dep["A · decode"], dep["B · aggregated"]) == ("8", "16")
+    compared = at.dataframe[3].value
+    assert list(compared.columns) == ["", "A: trial 0", "B: trial 2", "differs"]
+    at.selectbox(key="se_diff_b").set_value(1).run()
+    assert set(at.dataframe[2].value.columns) >= {"B · prefill", "B · decode"}
 
 
 def test_search_bad_slo_is_an_error() -> None:

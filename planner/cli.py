@@ -26,11 +26,28 @@ from kernels.cli import register as register_calibrate
 from planner import defaults
 from planner.objectives import metric_value
 from simulator.specs.errors import SpecError
+from simulator.specs.limits import (
+    MAX_BATCH,
+    MAX_CONTEXT_TOKENS,
+    MAX_GPUS,
+    MAX_NUM_SEQS,
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_TRIALS,
+    MAX_WORKERS,
+)
 from simulator.specs.paths import writable
 
 EXIT_BAD_INPUT = 2
 CALIBRATION_HELP = ("tables written by `rackplan calibrate --out DIR`, preferred over the shipped "
                     "ones (default: $RACKPLAN_CALIBRATION_DIR, else none)")
+
+
+def check_range(flag: str, value: int | None, low: int, high: int, what: str = "") -> None:
+    """SpecError naming `flag` and its value unless low <= value <= high (None: not given)."""
+    if value is not None and not low <= value <= high:
+        raise SpecError(f"{flag}={value} must be between {low:,} and {high:,}"
+                        + (f" ({what})" if what else ""))
 
 
 def _console() -> Console:
@@ -171,6 +188,10 @@ def cmd_hardware(args: argparse.Namespace) -> int:
 def cmd_step(args: argparse.Namespace) -> int:
     from planner.stepcalc import step_report
 
+    check_range("--batch", args.batch, 1, MAX_NUM_SEQS, "vLLM's max_num_seqs at most")
+    check_range("--context", args.context, 1, MAX_CONTEXT_TOKENS, "the longest context")
+    check_range("--cached", args.cached, 0, MAX_CONTEXT_TOKENS, "the longest context")
+    check_range("--ranks-busy", args.ranks_busy, 1, MAX_GPUS, "the largest cluster")
     report = step_report(args.deployment, args.role, args.batch, args.context, args.cached,
                          args.ranks_busy)
     if args.json:
@@ -266,6 +287,9 @@ def _pct(d: dict[str, float | None], unit: str) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     from simulator.validate import load_rows, summarize, validate
 
+    check_range("--sample", args.sample, 0, MAX_REQUESTS)
+    check_range("--seed", args.seed, 0, MAX_SEED)
+    check_range("--workers", args.workers, 1, MAX_WORKERS, "processes on this machine")
     rows = load_rows()
     for col, want in (("backend", args.backend), ("system", args.system), ("mode", args.mode)):
         if want:
@@ -336,6 +360,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     from planner.space import build_space
     from planner.storage import redact
 
+    check_range("--gpus", args.gpus, 1, MAX_GPUS, "the largest cluster built")
+    check_range("--trials", args.trials, 1, MAX_TRIALS)
+    check_range("--batch", args.batch, 1, MAX_BATCH)
+    check_range("--workers", args.workers, 1, MAX_WORKERS, "processes on this machine")
+    check_range("--seed", args.seed, 0, MAX_SEED, "numpy's and Optuna's seeds")
+    check_range("--max-simulations", args.max_simulations, 1, MAX_TRIALS * MAX_BATCH)
     given = [parse_slo(text) for text in args.slo or []]
     if args.slo_file:
         given = [*load_slo_file(args.slo_file), *given]

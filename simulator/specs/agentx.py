@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import ConfigDict, Field, model_validator
 
 from simulator.specs.errors import SpecError
+from simulator.specs.limits import MAX_CONTEXT_TOKENS, MAX_THINK_S
 from simulator.specs.spec import Spec
 
 _SPEC = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -32,8 +33,8 @@ class Lognormal(Spec):
     """Median value (required)."""
     sigma: float = Field(1.0, ge=0)
     """Standard deviation of the log of the value (default 1.0)."""
-    max: int = Field(ge=1)
-    """Largest value; larger draws are clipped to it (required)."""
+    max: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
+    """Largest value, at most 10,000,000; larger draws are clipped to it (required)."""
 
     @model_validator(mode="after")
     def _check(self) -> Lognormal:
@@ -56,8 +57,9 @@ class LognormalSeconds(Spec):
     """Median duration in seconds (required)."""
     sigma: float = Field(1.0, ge=0)
     """Standard deviation of the log of the duration (default 1.0)."""
-    max: float = Field(600.0, gt=0)
-    """Longest duration in seconds; longer draws are clipped to it (default 600)."""
+    max: float = Field(600.0, gt=0, le=MAX_THINK_S)
+    """Longest duration in seconds, at most a day; longer draws are clipped to it (default
+    600)."""
 
     @model_validator(mode="after")
     def _check(self) -> LognormalSeconds:
@@ -80,7 +82,7 @@ class AgentxShape(Spec):
     root_turns: Lognormal = Lognormal(median=90, sigma=1.0, max=4000)
     """Turns of a trace's root agent. Default lognormal, median 90, sigma 1.0 (max 4,000): mean
     ~147, the FAQ's ~57k top-level turns over ~393 traces (~145); the spread is a judgement."""
-    system_tokens: int = Field(4160, ge=1)
+    system_tokens: int = Field(4160, ge=1, le=MAX_CONTEXT_TOKENS)
     """System prompt plus tool definitions, shared by every agent of a trace. Default 4,160: the
     FAQ example's system_tokens 2,304 + tool_tokens 1,856, 65 whole 64-token blocks."""
     first_message: Lognormal = Lognormal(median=4032, sigma=1.0, max=200_000)
@@ -102,7 +104,7 @@ class AgentxShape(Spec):
     fanout_mean: float = Field(1.8, ge=1)
     """Mean subagents spawned together by one turn (1 + Poisson), overlapping in time. Default
     1.8: a judgement (the FAQ says subagents fan out, not how widely)."""
-    fanout_max: int = Field(8, ge=1)
+    fanout_max: int = Field(8, ge=1, le=1_000)
     """Most subagents one turn spawns. Default 8: a judgement."""
     join_share: float = Field(0.8, ge=0, le=1)
     """Share of subagents whose parent's next turn waits for them (a join); the rest run in the
@@ -121,12 +123,12 @@ class AgentxShape(Spec):
     compact_summary: Lognormal = Lognormal(median=16_000, sigma=0.5, max=64_000)
     """Summary an agent restarts from, after the system prompt, when its context would pass
     max_input (compaction). Default lognormal, median 16,000: a judgement."""
-    max_input: int = Field(990_000, ge=2)
+    max_input: int = Field(990_000, ge=2, le=MAX_CONTEXT_TOKENS)
     """Longest prompt in tokens. Default 990,000: the FAQ's per-request input cap of the full
     corpus."""
-    block_size: int = Field(64, ge=1)
+    block_size: int = Field(64, ge=1, le=MAX_CONTEXT_TOKENS)
     """Tokens per KV block id. Default 64: the block_size of the harness's traces."""
-    latency_s: float = Field(0.5, ge=0)
+    latency_s: float = Field(0.5, ge=0, le=MAX_THINK_S)
     """Nominal fixed part of a request's recorded service time (api_time). Default 0.5 s: with
     prefill_tps and decode_tps it puts the FAQ example's turns (4.1, 6.3, 9.8 s) within ~10%."""
     prefill_tps: float = Field(10_000.0, gt=0)

@@ -8,6 +8,14 @@ from pydantic import ConfigDict, Field, model_validator
 
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import Dtype
+from simulator.specs.limits import (
+    MAX_CONTEXT_TOKENS,
+    MAX_DRAFT_TOKENS,
+    MAX_GPUS,
+    MAX_HOST_GB,
+    MAX_INSTANCES,
+    MAX_NUM_SEQS,
+)
 from simulator.specs.routing import DEFAULT_ROUTER, RouterPolicy
 from simulator.specs.spec import Spec
 
@@ -53,8 +61,8 @@ class Speculative(Spec):
 
     method: Literal["mtp"] = "mtp"
     """Drafting method; only mtp (default mtp)."""
-    tokens: int = Field(1, ge=1)
-    """Draft tokens proposed per step (default 1)."""
+    tokens: int = Field(1, ge=1, le=MAX_DRAFT_TOKENS)
+    """Draft tokens proposed per step, at most 64 (default 1)."""
     acceptance: float = Field(0.7, ge=0, le=1)
     """Probability that a draft token is accepted, in [0, 1] (default 0.7)."""
 
@@ -64,22 +72,22 @@ class RoleSpec(Spec):
 
     model_config = _SPEC
 
-    instances: int = Field(1, ge=1)
-    """Engine instances of this role (default 1)."""
-    dep: int | None = Field(None, ge=1)
+    instances: int = Field(1, ge=1, le=MAX_INSTANCES)
+    """Engine instances of this role, at most 2,048 (default 1)."""
+    dep: int | None = Field(None, ge=1, le=MAX_GPUS)
     """Attention data-parallel ranks per instance, MoE expert-parallel over all its GPUs
     (DEP-N); with tp, each DP rank is a TP group (vLLM --data-parallel-size dep
     --tensor-parallel-size tp, dep x tp GPUs)."""
-    tp: int | None = Field(None, ge=1)
+    tp: int | None = Field(None, ge=1, le=MAX_GPUS)
     """Tensor-parallel ranks: of the whole instance without dep (dense / TP layouts), of each
     DP rank with dep; neither: tp=1."""
     enable_expert_parallel: bool = False
     """With tp: split MoE experts over the TP ranks instead of each expert's weights (vLLM's
     --enable-expert-parallel); dep always does (default false)."""
-    max_num_seqs: int = Field(256, ge=1)
-    """Most sequences in a batch, per rank (default 256)."""
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    """Most tokens in one engine step, per rank (default 8192)."""
+    max_num_seqs: int = Field(256, ge=1, le=MAX_NUM_SEQS)
+    """Most sequences in a batch, per rank, at most 1,048,576 (default 256)."""
+    max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_CONTEXT_TOKENS)
+    """Most tokens in one engine step, per rank, at most 10,000,000 (default 8192)."""
     redundant_experts: int = Field(0, ge=0)
     """Extra expert slots per MoE layer placed by EPLB; needs dep (default 0)."""
     speculative: Speculative | None = None
@@ -94,18 +102,18 @@ class RoleSpec(Spec):
     dbo: bool = False
     """Dual-batch overlap: split a step into two micro-batches so that one's MoE all-to-all
     runs under the other's compute (vLLM --enable-dbo; off by default, as in vLLM)."""
-    dbo_decode_token_threshold: int = Field(32, ge=0)
+    dbo_decode_token_threshold: int = Field(32, ge=0, le=MAX_CONTEXT_TOKENS)
     """With dbo: a decode-only step of more tokens per rank than this is split (vLLM's
     default 32)."""
-    dbo_prefill_token_threshold: int = Field(512, ge=0)
+    dbo_prefill_token_threshold: int = Field(512, ge=0, le=MAX_CONTEXT_TOKENS)
     """With dbo: a step with prefill work of more tokens per rank than this is split (vLLM's
     default 512)."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """Share of GPU memory the engine may use, in (0, 1] (default 0.9)."""
-    cpu_offload_gb: float = Field(0.0, ge=0)
+    cpu_offload_gb: float = Field(0.0, ge=0, le=MAX_HOST_GB)
     """GiB of weights per GPU kept in host memory and read over the host link in every forward
     pass (vLLM --cpu-offload-gb, zero-copy; fast on GB200/GB300's NVLink-C2C) (default 0)."""
-    host_cache_gb: float = Field(0.0, ge=0)
+    host_cache_gb: float = Field(0.0, ge=0, le=MAX_HOST_GB)
     """GiB of host memory per GPU for the prefix cache's second tier: every computed KV block is
     also stored there, and a prompt whose blocks left HBM loads them over the host link instead
     of computing them (vLLM --kv-offloading-size, which counts all TP ranks together) (default
@@ -182,8 +190,8 @@ class Deployment(Spec):
     """Engine version that picks the calibration tables; null for the newest (default)."""
     precision: Precision = Precision()
     """Storage types {weights, kv_cache} (default fp8 / fp8)."""
-    gpus: int | None = Field(None, ge=1)
-    """Cluster size in GPUs; null for exactly what the roles use (default)."""
+    gpus: int | None = Field(None, ge=1, le=MAX_GPUS)
+    """Cluster size in GPUs, at most 200,000; null for exactly what the roles use (default)."""
     usd_per_gpu_hour: float | None = Field(None, ge=0)
     """Price per GPU-hour; null for the hardware preset's price (default)."""
     prefill: RoleSpec | None = None
@@ -212,6 +220,12 @@ class Deployment(Spec):
                                 f"{', '.join(DBO_BACKENDS)} (vLLM's micro-batching), not "
                                 f"{r.backend(name)!r}")
         used = self.gpus_used
+        if used > MAX_GPUS:
+            parts = ", ".join(
+                f"{name} {r.instances} x {r.layout} = {r.gpus:,}" for name, r in self.roles.items()
+            )
+            raise SpecError(f"roles use {used:,} GPUs ({parts}), more than the {MAX_GPUS:,} of "
+                            "the largest clusters built")
         if self.gpus is not None and self.gpus < used:
             parts = ", ".join(
                 f"{name} {r.instances} x {r.layout} = {r.gpus}" for name, r in self.roles.items()
@@ -303,6 +317,11 @@ def _role_error(role: RoleSpec, model: ModelLike) -> str | None:
         n = role.ranks
         size = (f"{role.layout} ({n} GPUs)" if role.dep and role.tp else
                 f"dep={n}" if role.dep is not None else f"tp={n}")
+        most = model.n_routed_experts * (n - 1)
+        if r > most:
+            return (f"redundant_experts={r} is more than {size} can place: "
+                    f"{model.n_routed_experts} experts x ({n} - 1) = {most} extra slots already "
+                    "put every expert on every rank")
         error = experts_error(model.n_routed_experts, r, n, size)
         if error:
             return error

@@ -159,7 +159,11 @@ _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
 
 def spec_error(exc: ValidationError, cls: type[BaseModel], where: str) -> SpecError:
     """One SpecError sentence for the first error pydantic found validating `cls`."""
-    err = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    err = errors[0]
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    if err["type"] == "missing" and unknown:
+        err = unknown[0]  # a misspelt required key: name the typo, not the key it stood for
     loc, kind, value = tuple(err["loc"]), err["type"], err.get("input")
     ctx = err.get("ctx") or {}
     path, ann = _resolve(cls, loc)

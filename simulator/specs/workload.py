@@ -10,6 +10,14 @@ from pydantic import ConfigDict, Field, model_validator
 
 from simulator.specs.agentx import AgentxShape, Lognormal
 from simulator.specs.errors import SpecError
+from simulator.specs.limits import (
+    MAX_CONCURRENCY,
+    MAX_CONTEXT_TOKENS,
+    MAX_REQUESTS,
+    MAX_THINK_S,
+    MAX_TIME_SCALE,
+    MIN_RATE,
+)
 from simulator.specs.spec import Spec
 
 _SPEC = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -25,8 +33,8 @@ class ClosedArrival(Spec):
 
     kind: Literal["closed"] = "closed"
     """Closed-loop arrival."""
-    concurrency: int = Field(ge=1)
-    """Requests in flight at all times (required)."""
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
+    """Requests in flight at all times, at most 1,000,000 (required)."""
     start: Literal["burst", "spread"] = "burst"
     """burst: every user sends its first request at once (a benchmark's first wave). spread:
     the users' first requests are spread evenly over one request's predicted duration, the
@@ -41,8 +49,8 @@ class PoissonArrival(Spec):
 
     kind: Literal["poisson"] = "poisson"
     """Poisson arrival."""
-    rate: float = Field(gt=0)
-    """Mean requests per second (required)."""
+    rate: float = Field(ge=MIN_RATE)
+    """Mean requests per second, at least 1e-06 (required)."""
 
     def inter_arrivals(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """n gaps between arrivals in seconds."""
@@ -56,10 +64,11 @@ class BurstyArrival(Spec):
 
     kind: Literal["bursty"] = "bursty"
     """Bursty (gamma) arrival."""
-    rate: float = Field(gt=0)
-    """Mean requests per second (required)."""
-    burstiness: float = Field(4.0, gt=0)
-    """Squared coefficient of variation of the gaps: 1 is Poisson, more is burstier (default 4)."""
+    rate: float = Field(ge=MIN_RATE)
+    """Mean requests per second, at least 1e-06 (required)."""
+    burstiness: float = Field(4.0, gt=0, le=1_000)
+    """Squared coefficient of variation of the gaps: 1 is Poisson, more is burstier, at most
+    1,000 (a gamma shape of 0.001: nearly every gap zero) (default 4)."""
 
     def inter_arrivals(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """n gaps between arrivals in seconds, mean 1/rate."""
@@ -76,7 +85,7 @@ class TraceArrival(Spec):
     """Trace replay."""
     path: str = Field(min_length=1)
     """Trace file to replay (required); read by the simulator, not by this spec."""
-    time_scale: float = Field(1.0, gt=0)
+    time_scale: float = Field(1.0, gt=0, le=MAX_TIME_SCALE)
     """Multiplies the trace's timestamps: 0.5 replays twice as fast (default 1.0)."""
 
 
@@ -91,7 +100,7 @@ class SessionsArrival(Spec):
 
     kind: Literal["sessions"] = "sessions"
     """Session-tree replay."""
-    concurrency: int = Field(ge=1, le=1_000_000)
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
     """Session trees alive at all times, at most 1,000,000 (required); subagents run inside
     their tree's lane."""
     traces: str | None = None
@@ -106,7 +115,7 @@ class SessionsArrival(Spec):
     """Earliest t*, as a share of the root's recorded span (default 0.0, the scenario's)."""
     t_star_max: float = Field(1.0, ge=0, le=1)
     """Latest t*, as a share of the root's recorded span (default 1.0, the scenario's)."""
-    idle_gap_cap_s: float | None = Field(None, gt=0)
+    idle_gap_cap_s: float | None = Field(None, gt=0, le=MAX_THINK_S)
     """Cap on a think time that starts while nothing of its tree is in flight (the harness's
     --trace-idle-gap-cap-seconds); null: think times as recorded (default null)."""
     sampling: Literal["shuffle", "sequential", "random"] = "shuffle"
@@ -137,8 +146,8 @@ class FixedLength(Spec):
 
     kind: Literal["fixed"] = "fixed"
     """Fixed length."""
-    value: int = Field(ge=1)
-    """Tokens per request (required)."""
+    value: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
+    """Tokens per request, at most 10,000,000 (required)."""
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """n lengths (int64)."""
@@ -156,10 +165,10 @@ class UniformLength(Spec):
 
     kind: Literal["uniform"] = "uniform"
     """Uniform length."""
-    low: int = Field(ge=1)
+    low: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
     """Shortest length in tokens (required)."""
-    high: int = Field(ge=1)
-    """Longest length in tokens, >= low (required)."""
+    high: int = Field(ge=1, le=MAX_CONTEXT_TOKENS)
+    """Longest length in tokens, >= low, at most 10,000,000 (required)."""
 
     @model_validator(mode="after")
     def _check(self) -> UniformLength:
@@ -183,8 +192,9 @@ class LognormalLength(Lognormal):
     """Log-normal length."""
     median: float = Field(gt=0)
     """Median length in tokens (required)."""
-    max: int = Field(131072, ge=1)
-    """Longest length in tokens; longer draws are clipped to it (default 131072)."""
+    max: int = Field(131072, ge=1, le=MAX_CONTEXT_TOKENS)
+    """Longest length in tokens, at most 10,000,000; longer draws are clipped to it (default
+    131072)."""
 
     @property
     def mean(self) -> float:
@@ -213,10 +223,11 @@ class Sessions(Spec):
 
     model_config = _SPEC
 
-    turns: int = Field(ge=1)
+    turns: int = Field(ge=1, le=MAX_REQUESTS)
     """Requests per session (required); a turn's input is the previous turns plus new input."""
-    think_time_s: float = Field(0.0, ge=0)
-    """Seconds between a turn's last token and the next turn's arrival (default 0)."""
+    think_time_s: float = Field(0.0, ge=0, le=MAX_THINK_S)
+    """Seconds between a turn's last token and the next turn's arrival, at most a day (default
+    0)."""
 
 
 class Workload(Spec):
@@ -227,7 +238,7 @@ class Workload(Spec):
     arrival: Arrival = ClosedArrival(concurrency=2048)
     """How requests arrive: closed, poisson, bursty, trace or sessions (default closed,
     concurrency 2048)."""
-    requests: int = Field(4000, ge=1, le=10_000_000)
+    requests: int = Field(4000, ge=1, le=MAX_REQUESTS)
     """Requests to send in all, each session turn counting as one; with a sessions arrival the
     measured ones (warmup turns come on top); at most 10,000,000 (default 4000)."""
     input_tokens: Length = FixedLength(value=2000)
@@ -240,7 +251,7 @@ class Workload(Spec):
     """Multi-turn sessions {turns, think_time_s}; null sends independent requests (default)."""
     mode: Literal["serve", "prefill_only", "decode_only"] = "serve"
     """serve end to end, or bench one role alone: prefill_only or decode_only (default serve)."""
-    context_tokens: int = Field(2000, ge=1)
+    context_tokens: int = Field(2000, ge=1, le=MAX_CONTEXT_TOKENS)
     """decode_only: KV-cache length per request in tokens (default 2000)."""
     seed: int = Field(0, ge=0)
     """Seed of every random draw of the run (default 0)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from typing import Any
@@ -48,8 +49,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if device not in DEFAULT_MODEL:
         raise SpecError(f"--device={device!r} is not one of {', '.join(DEFAULT_MODEL)}")
     ops = _ops(args.only)
-    if args.max_seconds is not None and args.max_seconds <= 0:
-        raise SpecError(f"--max-seconds={args.max_seconds} must be > 0")
+    if args.max_seconds is not None and not 0 < args.max_seconds < math.inf:
+        raise SpecError(f"--max-seconds={args.max_seconds} must be a positive, finite number "
+                        "of seconds")
     if args.threads is not None and args.threads < 1:
         raise SpecError(f"--threads={args.threads} must be >= 1")
     try:

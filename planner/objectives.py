@@ -124,6 +124,8 @@ def parse_slo(text: str) -> SLO:
 
 
 def _slo(name: str, raw: Any, op: str, where: str) -> SLO:
+    if isinstance(raw, bool):  # YAML's true/false would count as 1/0
+        raise SpecError(f"{where}: {str(raw).lower()} is not a number; {_valid_hint()}")
     try:
         value = float(raw)
     except (TypeError, ValueError):

@@ -36,6 +36,7 @@ import numpy as np
 
 from simulator.des.sessions import Agent, Runs, SessionTrace, Turn, check_tree, expand, to_runs
 from simulator.specs.errors import SpecError
+from simulator.specs.limits import MAX_CONTEXT_TOKENS
 
 BLOCK_SIZE = 64
 """Tokens per hash id when a trace gives no block_size (the harness's)."""
@@ -271,8 +272,9 @@ class _Trace:
         v = req.get(key)
         if v is None:
             raise self.fail(loc, f"has no {key!r}; give its token count, an integer >= 1")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise self.fail(loc, f"{key}={v!r} must be an integer >= 1 (tokens)")
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CONTEXT_TOKENS:
+            raise self.fail(loc, f"{key}={v!r} must be an integer >= 1 (tokens), at most "
+                                 f"{MAX_CONTEXT_TOKENS:,} (the longest context)")
         return v
 
     def _seconds(self, req: dict[str, Any], key: str, loc: str) -> float:

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from app.whatif import ExpertView, StepView, downsample
+from app.whatif import CacheView, ExpertView, RoleSeries, StepView, downsample
 from simulator.cost.step import CATEGORIES
 from simulator.des import SimResult
 
@@ -54,23 +54,71 @@ def throughput_figure(times: np.ndarray, values: np.ndarray, average: float | No
     return _layout(fig, "Throughput over time")
 
 
-def timelines_figure(result: SimResult, max_points: int = 1500) -> go.Figure:
-    """Per instance: queued requests, requests in the step, and KV-cache use, per step."""
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=("queued requests", "requests in step (all ranks)",
-                                        "KV cache used"))
-    for i, name in enumerate(sorted(result.timelines)):
+TIMELINE_ROWS = ("queued requests", "requests in step (all ranks)", "KV-cache use (%)")
+
+
+def role_timelines_figure(series: Mapping[str, RoleSeries]) -> go.Figure:
+    """Per role, its instances together: requests queued and in the step (summed over the
+    role's instances) and KV-cache use (their mean)."""
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        subplot_titles=("queued requests (sum over the role's instances)",
+                                        "requests in step (sum over the role's instances)",
+                                        "KV-cache use (% , mean over the role's instances)"))
+    for i, s in enumerate(series.values()):
+        name = f"{s.role} ({s.instances} instance{'s' if s.instances != 1 else ''})"
+        for row, y in enumerate((s.queue, s.batch, s.kv_use * 100), start=1):
+            fig.add_trace(go.Scatter(x=s.time, y=y, mode="lines", name=name, legendgroup=name,
+                                     showlegend=row == 1, line_shape="hv",
+                                     line={"color": PALETTE[i % len(PALETTE)]}),
+                          row=row, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=3, col=1)
+    return _layout(fig, "Per role", height=560)
+
+
+def timelines_figure(result: SimResult, names: Sequence[str] | None = None,
+                     max_points: int = 1500) -> go.Figure:
+    """Small multiples, one column per instance of `names` (default: every instance, at most
+    8): queued requests, requests in the step, and KV-cache use, per step."""
+    names = list(names if names is not None else sorted(result.timelines))[:8] or []
+    cols = max(len(names), 1)
+    fig = make_subplots(rows=3, cols=cols, shared_xaxes=True, shared_yaxes="rows",
+                        vertical_spacing=0.07, horizontal_spacing=0.02,
+                        column_titles=names or None,
+                        row_titles=["queued", "in step", "KV %"])
+    for col, name in enumerate(names, start=1):
         t = downsample(result.timelines[name], max_points)
-        color = PALETTE[i % len(PALETTE)]
+        color = PALETTE[(col - 1) % len(PALETTE)]
         mode = "lines+markers" if len(t.time) <= 50 else "lines"
         for row, y in enumerate((t.queue, t.batch, t.kv_use * 100), start=1):
             fig.add_trace(go.Scatter(x=t.time, y=y, mode=mode, name=name, legendgroup=name,
-                                     showlegend=row == 1, line_shape="hv",
+                                     showlegend=False, line_shape="hv",
                                      line={"color": color}, marker={"size": 4}),
-                          row=row, col=1)
-    fig.update_yaxes(title_text="%", row=3, col=1)
-    fig.update_xaxes(title_text="simulated time (s)", row=3, col=1)
-    return _layout(fig, "Per-instance timelines", height=620)
+                          row=row, col=col)
+    fig.update_xaxes(title_text="simulated time (s)", row=3)
+    return _layout(fig, "Per instance", height=520)
+
+
+def cache_figure(view: CacheView) -> go.Figure:
+    """Left: where the input tokens came from (HBM prefix cache, host tier, computed); right:
+    TTFT p50 and p90 per bucket of turn depth."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.4, 0.6],
+                        subplot_titles=(f"input tokens by source ({view.hit_share:.0%} cached)",
+                                        "TTFT by turn depth (ms)"))
+    total = sum(view.tiers.values()) or 1
+    colors = ("seagreen", "goldenrod", "slategray")
+    for (label, tokens), color in zip(view.tiers.items(), colors, strict=False):
+        fig.add_trace(go.Bar(x=[label], y=[100 * tokens / total], name=label,
+                             marker_color=color, showlegend=False,
+                             text=[f"{tokens:,}"], textposition="outside",
+                             hovertemplate="%{x}: %{text} tokens (%{y:.1f} %)<extra></extra>"),
+                      row=1, col=1)
+    depths = list(view.ttft_by_depth)
+    for stat, color in (("p50", "steelblue"), ("p90", "darkorange")):
+        fig.add_trace(go.Bar(x=depths, y=[view.ttft_by_depth[d].get(stat) for d in depths],
+                             name=f"TTFT {stat}", marker_color=color), row=1, col=2)
+    fig.update_yaxes(title_text="% of input tokens", row=1, col=1)
+    fig.update_xaxes(title_text="turn depth (turns before it in its agent)", row=1, col=2)
+    return _layout(fig, "Prefix cache and turns")
 
 
 def breakdown_figure(steps: Mapping[str, StepView], shares: Mapping[str, float]) -> go.Figure:

@@ -16,12 +16,18 @@ from planner.defaults import workload_presets
 from simulator.des.traces import read_trace
 from simulator.specs.deployment import Deployment
 from simulator.specs.errors import SpecError
-from simulator.specs.loading import dump_workload, load_deployment, load_workload
+from simulator.specs.loading import (
+    dump_deployment,
+    dump_workload,
+    load_deployment,
+    load_workload,
+)
 from simulator.specs.workload import Workload
 
 Layout = Literal["pd", "aggregated"]
 LAYOUT_LABELS: dict[Layout, str] = {"pd": "P/D disaggregated", "aggregated": "aggregated"}
 TRACE_SUFFIXES = (".jsonl", ".csv")
+AGENTX_SUFFIXES = (".jsonl", ".json")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class RoleKnobs:
     """MTP draft tokens per step (0: no speculative decoding); ignored for prefill."""
     mtp_acceptance: float = 0.7
     """Probability that an MTP draft token is accepted."""
+    host_cache_gb: float = 0.0
+    """GiB of host memory per GPU for the prefix cache's second tier (0: none)."""
 
     def spec(self, role: str) -> dict[str, Any]:
         """The role's entry in a deployment dict (DESIGN.md format)."""
@@ -54,6 +62,8 @@ class RoleKnobs:
         if role != "prefill" and self.mtp_tokens > 0:
             out["speculative"] = {"method": "mtp", "tokens": self.mtp_tokens,
                                   "acceptance": self.mtp_acceptance}
+        if self.host_cache_gb > 0:
+            out["host_cache_gb"] = self.host_cache_gb
         return out
 
 
@@ -75,6 +85,8 @@ class DeploymentKnobs:
     engine: str = "vllm"
     weights: str = "fp8"
     kv_cache: str = "fp8"
+    indexer_cache: str = "fp8"
+    """Dtype of the sparse-attention indexer's key cache (DeepSeek-V3.2 / V4)."""
     gpu_budget: int = 0
     """Cluster size in GPUs (throughput per GPU counts them all); 0: exactly what the roles
     use."""
@@ -91,6 +103,8 @@ class DeploymentKnobs:
             "model": self.model, "hardware": self.hardware, "engine": self.engine,
             "precision": {"weights": self.weights, "kv_cache": self.kv_cache},
         }
+        if self.indexer_cache != "fp8":
+            out["precision"]["indexer_cache"] = self.indexer_cache
         if self.gpu_budget > 0:
             out["gpus"] = self.gpu_budget
         for name in names:
@@ -101,6 +115,64 @@ class DeploymentKnobs:
 def build_deployment(knobs: DeploymentKnobs) -> Deployment:
     """The Deployment the form describes; SpecError naming the bad knob."""
     return load_deployment(knobs.as_dict())
+
+
+ROLE_KEYS = {"instances", "dep", "redundant_experts", "max_num_seqs", "max_num_batched_tokens",
+             "speculative", "host_cache_gb"}
+"""The role keys the form has a knob for."""
+
+
+def knobs_of(deployment: Deployment) -> DeploymentKnobs:
+    """The form's knobs holding `deployment`; SpecError when it sets something the form has no
+    knob for (a TP layout, a router policy...), naming it."""
+    data = dump_deployment(deployment)
+    layout: Layout = "aggregated" if "aggregated" in data else "pd"
+    names = ("prefill", "decode") if layout == "pd" else ("aggregated",)
+    roles: dict[str, RoleKnobs] = {}
+    for name in names:
+        if name not in data:
+            raise SpecError(f"the form needs both prefill and decode; this deployment has only "
+                            f"{', '.join(r for r in names if r in data)}")
+        r = data[name]
+        extra = sorted(set(r) - ROLE_KEYS)
+        if extra or r.get("dep") is None:
+            raise SpecError(f"{name} sets {', '.join(extra) or 'no dep'}, which the form has no "
+                            "knob for")
+        spec = r.get("speculative") or {}
+        d = RoleKnobs()  # the spec's own defaults, for the keys the deployment leaves out
+        roles[name] = RoleKnobs(
+            instances=r.get("instances", 1), dep=r["dep"],
+            redundant_experts=r.get("redundant_experts", 0),
+            max_num_seqs=r.get("max_num_seqs", d.max_num_seqs),
+            max_num_batched_tokens=r.get("max_num_batched_tokens", d.max_num_batched_tokens),
+            mtp_tokens=spec.get("tokens", 0), mtp_acceptance=spec.get("acceptance", 0.7),
+            host_cache_gb=r.get("host_cache_gb", 0.0))
+    for name, d in DEFAULT_ROLES.items():
+        roles.setdefault(name, d)
+    precision = data.get("precision", {})
+    return DeploymentKnobs(model=data["model"], hardware=data["hardware"],
+                           engine=data.get("engine", "vllm"),
+                           weights=precision.get("weights", "fp8"),
+                           kv_cache=precision.get("kv_cache", "fp8"),
+                           indexer_cache=precision.get("indexer_cache", "fp8"),
+                           gpu_budget=data.get("gpus") or 0, layout=layout, roles=roles)
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+"""The repository's example deployments (absent in an installed package)."""
+
+
+def example_knobs(folder: Path = EXAMPLES) -> dict[str, DeploymentKnobs]:
+    """The examples (deployments or plans) the form can hold, by file name."""
+    from planner.plan import load_plan_or_deployment
+
+    out: dict[str, DeploymentKnobs] = {}
+    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+        try:
+            out[path.stem] = knobs_of(load_plan_or_deployment(path)[0])
+        except (SpecError, ValueError, OSError):
+            continue  # a workload, or a deployment with knobs the form lacks
+    return out
 
 
 # --- workloads ---------------------------------------------------------------------------------
@@ -163,10 +235,14 @@ def preset_workload(name: str, requests: int | None = None, seed: int | None = N
     return load_workload(data)
 
 
-def save_trace(name: str, data: bytes, folder: Path) -> Path:
-    """Write an uploaded trace into `folder` under a safe name that keeps its suffix."""
+def save_trace(name: str, data: bytes, folder: Path, agentx: bool = False) -> Path:
+    """Write an uploaded trace into `folder` under a safe name that keeps its suffix (a
+    Mooncake .jsonl or .csv trace; with `agentx`, AgentX session traces in .jsonl or .json)."""
     suffix = Path(name).suffix.lower()
-    if suffix not in TRACE_SUFFIXES:
+    if agentx and suffix not in AGENTX_SUFFIXES:
+        raise SpecError(f"AgentX traces {name!r} must be a .jsonl (one session trace a line) or "
+                        ".json file")
+    if not agentx and suffix not in TRACE_SUFFIXES:
         raise SpecError(f"trace {name!r} must be a .jsonl (Mooncake format) or .csv file with "
                         "timestamp, input_length and output_length")
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(name).stem)[:80] or "trace"
@@ -184,4 +260,17 @@ def trace_workload(path: Path, requests: int, time_scale: float = 1.0,
                                           "time_scale": time_scale},
                               "requests": requests, "seed": seed})
     read_trace(path, time_scale, requests)
+    return workload
+
+
+def agentx_workload(path: Path, concurrency: int, requests: int, seed: int = 0) -> Workload:
+    """A workload that replays AgentX ("weka") session traces at `path` as the AgentX harness
+    does (`concurrency` session trees alive at once); the traces are read once here so that a
+    bad file is reported before any simulation."""
+    from simulator.des.weka import read_weka
+
+    workload = load_workload({"arrival": {"kind": "sessions", "concurrency": concurrency,
+                                          "traces": str(path)},
+                              "requests": requests, "seed": seed})
+    read_weka(path)
     return workload

@@ -83,6 +83,11 @@ class WhatIf:
     experts: dict[str, ExpertView]
     wall_s: float
 
+    @property
+    def cache(self) -> CacheView:
+        """Prefix-cache use per tier and TTFT by turn depth."""
+        return cache_view(self.result)
+
 
 def run_whatif(deployment: Deployment, workload: Workload,
                progress: Progress | None = None) -> WhatIf:
@@ -126,6 +131,10 @@ def metric_cards(metrics: dict[str, Any]) -> list[Card]:
              "90th percentile of tokens per second per request."),
         Card("$ / M tokens", _fmt(metrics["cost_per_mtok_usd"], ",.3f", ""),
              "GPU-hours times the hardware's price, per million tokens (all tokens)."),
+        Card("Prefix-cache hits", _fmt(100 * (metrics.get("cache_hit_share") or 0.0), ".1f",
+                                       "%"),
+             "Share of input tokens served from the prefix cache (HBM or host tier) instead "
+             "of computed."),
     ]
 
 
@@ -164,6 +173,82 @@ def downsample(timeline: Timeline, max_points: int = 1500) -> Timeline:
     idx = np.unique(np.r_[np.arange(0, n, -(-n // max_points)), n - 1])
     return Timeline(timeline.time[idx], timeline.queue[idx], timeline.batch[idx],
                     timeline.kv_use[idx])
+
+
+def sample(timeline: Timeline, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(queue, batch, KV use) of one instance at the times of `grid`: each the value of its
+    last step at or before that time (0 before its first step)."""
+    idx = np.searchsorted(timeline.time, grid, side="right") - 1
+    ok = idx >= 0
+    at = np.clip(idx, 0, None)
+
+    def pick(v: np.ndarray) -> np.ndarray:
+        return np.where(ok, v[at], 0).astype(float) if len(v) else np.zeros(len(grid))
+
+    return pick(timeline.queue), pick(timeline.batch), pick(timeline.kv_use)
+
+
+@dataclass(frozen=True)
+class RoleSeries:
+    """One role's instances together over simulated time."""
+
+    role: str
+    instances: int
+    time: np.ndarray
+    queue: np.ndarray
+    """Requests queued at all of the role's instances."""
+    batch: np.ndarray
+    """Requests in the step, summed over the role's instances."""
+    kv_use: np.ndarray
+    """KV-cache use, the mean over the role's instances (0..1)."""
+
+
+def role_series(result: SimResult, points: int = 300) -> dict[str, RoleSeries]:
+    """Per role: its instances' queue and batch summed and KV use averaged on one time grid,
+    so that a role of many instances reads as one line."""
+    grid = np.linspace(0.0, max(result.duration_s, 1e-9), max(points, 2))
+    out: dict[str, RoleSeries] = {}
+    for role in dict.fromkeys(info.role for info in result.instances.values()):
+        names = [n for n, info in result.instances.items()
+                 if info.role == role and n in result.timelines]
+        if not names:
+            continue
+        q, b, kv = (np.sum(parts, axis=0) for parts in zip(
+            *(sample(result.timelines[n], grid) for n in names), strict=True))
+        out[role] = RoleSeries(role, len(names), grid, q, b, kv / len(names))
+    return out
+
+
+def instances_by_role(result: SimResult) -> dict[str, list[str]]:
+    """Instance names that have a timeline, per role, in the simulator's order."""
+    out: dict[str, list[str]] = {}
+    for name, info in result.instances.items():
+        if name in result.timelines:
+            out.setdefault(info.role, []).append(name)
+    return out
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """Where the input tokens came from, and TTFT by how deep in a session a turn is."""
+
+    hit_share: float
+    """Share of input tokens served from the prefix cache (either tier)."""
+    tiers: dict[str, int]
+    """Input tokens per source: the HBM prefix cache, the host tier, computed."""
+    ttft_by_depth: dict[str, dict[str, float | None]]
+    """TTFT percentiles (ms) per bucket of turn depth (`simulate --json`'s ttft_by_depth_ms)."""
+
+
+def cache_view(result: SimResult) -> CacheView:
+    """The prefix cache's use per tier and TTFT by turn depth of a simulation."""
+    m = result.metrics()
+    host = result.host_loaded_tokens
+    return CacheView(hit_share=float(m.get("cache_hit_share") or 0.0),
+                     tiers={"HBM prefix cache": max(result.cached_input_tokens - host, 0),
+                            "host-memory tier": host,
+                            "computed (uncached)": result.uncached_input_tokens},
+                     ttft_by_depth=dict(m.get("ttft_by_depth_ms") or {}))
 
 
 # --- step time per role ------------------------------------------------------------------------

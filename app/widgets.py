@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from app.deploying import Unavailable
 from app.inputs import (
     CustomTraffic,
+    agentx_workload,
     custom_workload,
     preset_workload,
     save_trace,
@@ -34,6 +35,8 @@ PEOPLE_ERRORS = (SpecError, ValidationError, Unavailable, LaunchError, OSError)
 ERROR_ICON = ":material/error:"
 """Streamlit's bundled Material Symbols font draws it (no emoji font needed)."""
 CUSTOM, TRACE = "custom traffic", "upload a trace"
+MOONCAKE, AGENTX = "Mooncake or CSV rows", "AgentX session traces"
+"""Trace formats an upload may have."""
 Arrival = Literal["closed", "poisson", "bursty"]
 
 
@@ -87,20 +90,35 @@ def workload_input(prefix: str, default_requests: int = 1000,
                       key=f"{prefix}_wl_source",
                       help="Synthetic traffic, a shipped preset, or a recorded trace")
     if source == TRACE:
-        upload = st.file_uploader("Trace (Mooncake JSONL, or CSV with timestamp, input_length, "
-                                  "output_length)", type=["jsonl", "csv"],
-                                  key=f"{prefix}_wl_trace")
+        kind = st.radio("Trace format", [MOONCAKE, AGENTX], horizontal=True,
+                        key=f"{prefix}_wl_trace_format",
+                        help="Mooncake: one request a row (timestamp, lengths, hash_ids); "
+                             "AgentX: session trees with 64-token block hashes and subagents, "
+                             "replayed as the AgentX harness does")
+        agentx = kind == AGENTX
+        upload = st.file_uploader(
+            "AgentX traces (.jsonl, one session a line, or .json)" if agentx else
+            "Trace (Mooncake JSONL, or CSV with timestamp, input_length, output_length)",
+            type=["jsonl", "json"] if agentx else ["jsonl", "csv"], key=f"{prefix}_wl_trace")
         c1, c2 = st.columns(2)
-        requests = c1.number_input("Requests (first rows of the trace)", 1, 10_000_000,
+        requests = c1.number_input("Requests" if agentx else
+                                   "Requests (first rows of the trace)", 1, 10_000_000,
                                    default_requests, key=f"{prefix}_wl_trace_requests")
-        scale = c2.number_input("Time scale (0.5 replays twice as fast)", 0.01, 100.0, 1.0,
-                                key=f"{prefix}_wl_trace_scale")
+        if agentx:
+            lanes = c2.number_input("Sessions alive at once", 1, 1_000_000, 8,
+                                    key=f"{prefix}_wl_trace_sessions")
+        else:
+            scale = c2.number_input("Time scale (0.5 replays twice as fast)", 0.01, 100.0,
+                                    1.0, key=f"{prefix}_wl_trace_scale")
 
         def from_trace() -> Workload:
             if upload is None:
                 raise SpecError("no trace uploaded; upload a .jsonl or .csv trace, or pick "
                                 "another traffic source")
-            path = save_trace(upload.name, upload.getvalue(), session_dir() / "traces")
+            path = save_trace(upload.name, upload.getvalue(), session_dir() / "traces",
+                              agentx=agentx)
+            if agentx:
+                return agentx_workload(path, int(lanes), int(requests))
             return trace_workload(path, int(requests), float(scale))
 
         return from_trace

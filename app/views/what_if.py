@@ -7,8 +7,22 @@ from collections.abc import Callable
 import streamlit as st
 
 from app import charts
-from app.inputs import DEFAULT_ROLES, LAYOUT_LABELS, DeploymentKnobs, RoleKnobs, build_deployment
-from app.whatif import WhatIf, metric_cards, run_whatif, throughput_series
+from app.inputs import (
+    DEFAULT_ROLES,
+    LAYOUT_LABELS,
+    DeploymentKnobs,
+    RoleKnobs,
+    build_deployment,
+    example_knobs,
+)
+from app.whatif import (
+    WhatIf,
+    instances_by_role,
+    metric_cards,
+    role_series,
+    run_whatif,
+    throughput_series,
+)
 from app.widgets import cancelled, errors_shown, model_and_hardware, with_status, workload_input
 from app.widgets import metric_cards as show_cards
 from planner.plan import describe
@@ -36,21 +50,64 @@ def role_inputs(role: str) -> RoleKnobs:
         mtp = st.number_input("MTP draft tokens (0: off)", 0, 8, d.mtp_tokens, key=f"{k}_mtp")
         acceptance = st.number_input("MTP acceptance", 0.0, 1.0, d.mtp_acceptance,
                                      key=f"{k}_acceptance")
+    host = st.number_input("Host prefix-cache tier (GiB per GPU; 0: none)", 0.0, 4096.0,
+                           d.host_cache_gb, key=f"{k}_host",
+                           help="A second prefix-cache tier in host memory: blocks that left "
+                                "HBM load over the host link instead of being computed")
     return RoleKnobs(instances=int(instances), dep=int(dep), redundant_experts=int(redundant),
                      max_num_seqs=int(seqs), max_num_batched_tokens=int(mnbt),
-                     mtp_tokens=int(mtp), mtp_acceptance=float(acceptance))
+                     mtp_tokens=int(mtp), mtp_acceptance=float(acceptance),
+                     host_cache_gb=float(host))
+
+
+@st.cache_data(show_spinner=False)
+def examples() -> dict[str, DeploymentKnobs]:
+    """The example deployments the form can hold (read once per server)."""
+    return example_knobs()
+
+
+def _apply_example() -> None:
+    """Select-box callback: put the chosen example's knobs into the form."""
+    name = st.session_state.get(f"{P}_example")
+    knobs = examples().get(str(name))
+    if knobs is None:
+        return
+    state = st.session_state
+    top: tuple[tuple[str, object], ...] = (("model", knobs.model), ("hardware", knobs.hardware),
+                       ("engine", knobs.engine), ("weights", knobs.weights),
+                       ("kv", knobs.kv_cache), ("indexer", knobs.indexer_cache),
+                       ("budget", knobs.gpu_budget), ("layout", knobs.layout))
+    for key, value in top:
+        state[f"{P}_{key}"] = value
+    for role, r in knobs.roles.items():
+        k = f"{P}_{role}"
+        knobs_of_role: tuple[tuple[str, object], ...] = (("instances", r.instances), ("dep", r.dep),
+                           ("redundant", r.redundant_experts), ("seqs", r.max_num_seqs),
+                           ("mnbt", r.max_num_batched_tokens), ("mtp", r.mtp_tokens),
+                           ("acceptance", r.mtp_acceptance), ("host", r.host_cache_gb))
+        for key, value in knobs_of_role:
+            if role != "prefill" or key not in ("mtp", "acceptance"):
+                state[f"{k}_{key}"] = value
 
 
 def inputs() -> tuple[DeploymentKnobs, Callable[[], Workload]]:
     """The form, in the sidebar (results stay in view in the page after a run)."""
+    if examples():
+        st.selectbox("Start from an example deployment", list(examples()), index=None,
+                     key=f"{P}_example", on_change=_apply_example,
+                     placeholder="examples/ (DeepSeek-V3, V4-Flash...)",
+                     help="Fills the model, hardware and deployment knobs below")
     with st.expander("Model and hardware", expanded=True):
         model, hardware = model_and_hardware(P)
         c1, c2 = st.columns(2)
         engine = c1.selectbox("Engine tables", ["vllm", "sglang", "trtllm"], key=f"{P}_engine")
         weights = c2.selectbox("Weights", ["fp8", "bf16", "fp4"], key=f"{P}_weights")
         c3, c4 = st.columns(2)
-        kv = c3.selectbox("KV cache", ["fp8", "bf16"], key=f"{P}_kv")
-        budget = c4.number_input("GPU budget (0: what the roles use)", 0, 100_000, 0,
+        kv = c3.selectbox("KV cache", ["fp8", "bf16", "fp4"], key=f"{P}_kv")
+        indexer = c4.selectbox("Indexer cache", ["fp8", "fp4"], key=f"{P}_indexer",
+                               help="Key cache of the sparse-attention indexer (DeepSeek-V3.2, "
+                                    "V4)")
+        budget = st.number_input("GPU budget (0: what the roles use)", 0, 100_000, 0,
                                  key=f"{P}_budget",
                                  help="Cluster size; throughput per GPU counts all of them")
     with st.expander("Workload", expanded=True):
@@ -64,7 +121,8 @@ def inputs() -> tuple[DeploymentKnobs, Callable[[], Workload]]:
             with tab:
                 roles[name] = role_inputs(name)
     knobs = DeploymentKnobs(model=model, hardware=hardware, engine=str(engine),
-                            weights=str(weights), kv_cache=str(kv), gpu_budget=int(budget),
+                            weights=str(weights), kv_cache=str(kv),
+                            indexer_cache=str(indexer), gpu_budget=int(budget),
                             layout=layout, roles=roles)
     return knobs, build_workload
 
@@ -82,6 +140,19 @@ def simulate(knobs: DeploymentKnobs, build_workload: Callable[[], Workload]) -> 
             st.session_state["whatif"] = outcome
 
 
+def timelines(w: WhatIf) -> None:
+    """Each role's instances together, then small multiples of the instances picked (by
+    default the first of each role), so that many instances stay readable."""
+    st.plotly_chart(charts.role_timelines_figure(role_series(w.result)), key="wi_tl_roles")
+    by_role = instances_by_role(w.result)
+    names = [n for group in by_role.values() for n in group]
+    picked = st.multiselect("Instances to show one by one (at most 8)", names,
+                            [group[0] for group in by_role.values()], max_selections=8,
+                            key="wi_tl_pick")
+    if picked:
+        st.plotly_chart(charts.timelines_figure(w.result, picked), key="wi_tl")
+
+
 def results(w: WhatIf) -> None:
     m = w.metrics
     st.subheader("Results")
@@ -89,7 +160,8 @@ def results(w: WhatIf) -> None:
                f"{m['duration_s']:.1f} simulated s on {m['gpus']} GPUs · "
                f"simulated in {w.wall_s:.1f} s")
     show_cards(metric_cards(m))
-    tabs = st.tabs(["Latency", "Throughput", "Timelines", "Step time", "Experts", "JSON"])
+    tabs = st.tabs(["Latency", "Throughput", "Timelines", "Prefix cache", "Step time",
+                    "Experts", "JSON"])
     with tabs[0]:
         st.plotly_chart(charts.latency_histograms(w.result, m), key="wi_lat")
     with tabs[1]:
@@ -98,13 +170,20 @@ def results(w: WhatIf) -> None:
         st.caption("Output tokens per second per GPU, from each decode step's share of the "
                    "request-steps; its average over the run is the reported output per GPU.")
     with tabs[2]:
-        st.plotly_chart(charts.timelines_figure(w.result), key="wi_tl")
+        timelines(w)
     with tabs[3]:
+        cache = w.cache
+        st.plotly_chart(charts.cache_figure(cache), key="wi_cache")
+        st.caption(f"{cache.hit_share:.1%} of input tokens came from the prefix cache; the "
+                   "host tier holds blocks that left HBM (a role's host prefix-cache knob). "
+                   "Turn depth counts the turns before a request in its agent (0 without "
+                   "sessions).")
+    with tabs[4]:
         st.plotly_chart(charts.breakdown_figure(w.steps, m["step_breakdown"]), key="wi_step")
         for step in w.steps.values():
             st.caption(f"{step.role}: {step.step.total_ms:.2f} ms for {step.batch} "
                        f"(priced from {step.step.source} data)")
-    with tabs[4]:
+    with tabs[5]:
         if not w.experts:
             st.info("No expert-parallel role: the model is dense or no role splits experts.")
         for view in w.experts.values():
@@ -114,7 +193,7 @@ def results(w: WhatIf) -> None:
             st.caption(f"{view.role}: imbalance (max-mean)/mean over all MoE layers "
                        f"{view.imbalance_before:.3f} before EPLB, {view.imbalance_after:.3f} "
                        f"after, with {view.redundant} redundant experts on {view.ranks} ranks.")
-    with tabs[5]:
+    with tabs[6]:
         st.json(m)
 
 

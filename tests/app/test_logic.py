@@ -26,8 +26,11 @@ from app.inputs import (
     CustomTraffic,
     DeploymentKnobs,
     RoleKnobs,
+    agentx_workload,
     build_deployment,
     custom_workload,
+    example_knobs,
+    knobs_of,
     preset_workload,
     save_trace,
     trace_workload,
@@ -45,9 +48,12 @@ from app.searching import (
 )
 from app.whatif import (
     downsample,
+    instances_by_role,
     linear_placement,
     metric_cards,
+    role_series,
     run_whatif,
+    sample,
     throughput_series,
 )
 from planner.objectives import SLO
@@ -62,6 +68,7 @@ from tests.app.fakes import FakeBackend, outcome_of, record
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "deepseek-v3-h200-pd.yaml"
 TRACE = ROOT / "tests" / "data" / "mooncake_conversation_50.jsonl"
+AGENTX = ROOT / "examples" / "traces" / "agentx-sample.jsonl"
 SMALL = CustomTraffic(requests=200, concurrency=128, input_tokens=2000, output_tokens=200)
 
 
@@ -113,6 +120,31 @@ def test_presets_and_traces(tmp_path: Path) -> None:
         trace_workload(bad, 10)
 
 
+def test_agentx_traces(tmp_path: Path) -> None:
+    path = save_trace("agentx.jsonl", AGENTX.read_bytes(), tmp_path, agentx=True)
+    w = agentx_workload(path, concurrency=4, requests=30)
+    assert w.arrival.kind == "sessions" and w.arrival.traces == str(path)
+    with pytest.raises(SpecError, match=r"\.json"):
+        save_trace("agentx.csv", b"", tmp_path, agentx=True)
+    broken = save_trace("broken.jsonl", b"{nope\n", tmp_path, agentx=True)
+    with pytest.raises(SpecError, match="not valid JSON"):
+        agentx_workload(broken, 4, 30)
+
+
+def test_examples_fill_the_form() -> None:
+    knobs = example_knobs()
+    assert {"deepseek-v3-h200-pd", "deepseek-v4-flash-gb300-pd"} <= set(knobs)
+    v4 = knobs["deepseek-v4-flash-gb300-pd"]
+    assert (v4.model, v4.hardware, v4.indexer_cache) == ("deepseek-v4-flash", "gb300", "fp4")
+    assert v4.roles["decode"].mtp_tokens == 1
+    for name, k in knobs.items():  # the form holds each example exactly
+        assert build_deployment(k) == read_plan_path(ROOT / "examples" / f"{name}.yaml"
+                                                     ).deployment, name
+    with pytest.raises(SpecError, match="no knob"):
+        knobs_of(load_deployment({"model": "deepseek-v3", "hardware": "h200",
+                                  "aggregated": {"tp": 8}}))
+
+
 # --- what-if -----------------------------------------------------------------------------------
 
 
@@ -128,6 +160,29 @@ def test_whatif_matches_the_simulation(whatif: Any) -> None:
     assert cards["Throughput / GPU"] == f"{m['throughput_tok_s_gpu']:,.0f} tok/s"
     assert cards["TTFT p90"] == f"{m['ttft_ms']['p90']:,.0f} ms"
     assert cards["tok/s/user p50"] == f"{m['tok_s_user']['p50']:,.1f}"
+
+
+def test_role_series_add_up_the_instances(whatif: Any) -> None:
+    r = whatif.result
+    series = role_series(r, points=50)
+    assert list(series) == ["prefill", "decode"]
+    assert series["prefill"].instances == 4 and series["decode"].instances == 1
+    by_role = instances_by_role(r)
+    assert by_role["prefill"] == ["prefill-0", "prefill-1", "prefill-2", "prefill-3"]
+    grid = series["prefill"].time
+    parts = [sample(r.timelines[n], grid) for n in by_role["prefill"]]
+    assert np.array_equal(series["prefill"].batch, sum(p[1] for p in parts))
+    assert np.allclose(series["prefill"].kv_use, sum(p[2] for p in parts) / 4)
+    t = r.timelines["decode-0"]
+    q, _, _ = sample(t, np.array([-1.0, t.time[0], t.time[-1] + 1]))
+    assert list(q) == [0.0, t.queue[0], t.queue[-1]]
+
+
+def test_cache_view_splits_the_input_tokens(whatif: Any) -> None:
+    view, r = whatif.cache, whatif.result
+    assert sum(view.tiers.values()) == r.cached_input_tokens + r.uncached_input_tokens
+    assert view.hit_share == pytest.approx(whatif.metrics["cache_hit_share"])
+    assert set(view.ttft_by_depth) == {"0"}  # no sessions: every turn is the first
 
 
 def test_throughput_series_averages_to_the_reported_output(whatif: Any) -> None:
@@ -175,6 +230,9 @@ def test_downsample_keeps_the_ends() -> None:
 def test_charts(whatif: Any) -> None:
     r, m = whatif.result, whatif.metrics
     assert len(charts.timelines_figure(r).data) == 3 * len(r.timelines)
+    assert len(charts.timelines_figure(r, ["decode-0"]).data) == 3
+    assert len(charts.role_timelines_figure(role_series(r)).data) == 3 * 2
+    assert len(charts.cache_figure(whatif.cache).data) == 3 + 2
     assert len(charts.latency_histograms(r, m).data) == 2
     assert len(charts.breakdown_figure(whatif.steps, m["step_breakdown"]).data) == 6
     fig = charts.expert_figure(whatif.experts["decode"], 0)

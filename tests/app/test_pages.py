@@ -55,9 +55,30 @@ def test_what_if_run_shows_metric_cards_and_charts() -> None:
         CustomTraffic(requests=200, output_tokens=200))).metrics
     assert cards["Throughput / GPU"] == f"{expected['throughput_tok_s_gpu']:,.0f} tok/s"
     assert cards["TPOT p90"] == f"{expected['tpot_ms']['p90']:,.1f} ms"
-    # latency, throughput, timelines, step time, expert load of prefill and of decode
-    assert len(at.get("plotly_chart")) == 6
+    # latency, throughput, timelines per role and per instance, prefix cache, step time,
+    # expert load of prefill and of decode
+    assert len(at.get("plotly_chart")) == 8
     assert any("imbalance" in c.value for c in at.caption)
+    assert at.multiselect(key="wi_tl_pick").value == ["prefill-0", "decode-0"]
+
+
+def test_what_if_of_deepseek_v4_on_agentx_sessions() -> None:
+    """An example deployment fills the form (V4-Flash on GB300, P/D); AgentX sessions show
+    their prefix-cache hits and TTFT by turn depth."""
+    at = page("what_if")
+    at.selectbox(key="wi_example").set_value("deepseek-v4-flash-gb300-pd").run()
+    assert at.selectbox(key="wi_model").value == "deepseek-v4-flash"
+    assert at.selectbox(key="wi_indexer").value == "fp4"
+    assert at.number_input(key="wi_decode_dep").value == 16
+    at.radio(key="wi_wl_source").set_value("agentx").run()
+    at.number_input(key="wi_wl_preset_requests").set_value(40)
+    at.button(key="wi_run").click().run()
+    no_problem(at)
+    cards = {m.label: m.value for m in at.metric}
+    assert float(cards["Prefix-cache hits"].removesuffix(" %")) > 50
+    assert at.session_state["whatif"].cache.ttft_by_depth["0"]["p90"] is not None
+    assert any(c.value.startswith("Turn depth") or "of input tokens came from the prefix "
+               "cache" in c.value for c in at.caption)
 
 
 def test_what_if_aggregated_layout() -> None:

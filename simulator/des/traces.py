@@ -170,8 +170,8 @@ def _length(row: dict[str, Any], key: str, p: Path, n: int) -> int:
 
 
 def _show(value: Any) -> str:
-    """A row's value as its JSON text reads (true, null, NaN, Infinity), cut short."""
-    text = json.dumps(value) if isinstance(value, bool | float) or value is None else repr(value)
+    """A row's value as the other spec errors show it (true, null, nan, inf), cut short."""
+    text = json.dumps(value) if isinstance(value, bool) or value is None else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

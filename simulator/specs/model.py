@@ -347,8 +347,8 @@ config carries), checked before any arithmetic; null counts as absent."""
 
 
 def _show(value: Any) -> str:
-    """A config value as its JSON text reads (true, null, NaN, Infinity), cut short."""
-    if isinstance(value, bool | float) or value is None:
+    """A config value as the other spec errors show it (true, null, nan, inf), cut short."""
+    if isinstance(value, bool) or value is None:
         return json.dumps(value)
     return reprlib.repr(value)
 

@@ -316,8 +316,8 @@ def _tiny(**changes: Any) -> dict[str, Any]:
     ({"hidden_size": {"a": 1}}, "hidden_size={'a': 1}; it must be an integer from 1"),
     ({"hidden_size": True}, "hidden_size=true; it must be an integer"),
     ({"num_hidden_layers": "12"}, "num_hidden_layers='12'; it must be an integer"),
-    ({"num_hidden_layers": math.inf}, "num_hidden_layers=Infinity"),
-    ({"num_hidden_layers": math.nan}, "num_hidden_layers=NaN"),
+    ({"num_hidden_layers": math.inf}, "num_hidden_layers=inf"),
+    ({"num_hidden_layers": math.nan}, "num_hidden_layers=nan"),
     ({"num_attention_heads": 0}, "num_attention_heads=0; it must be an integer from 1"),
     ({"num_key_value_heads": 4.0}, "num_key_value_heads=4.0"),
     ({"num_local_experts": 10**12}, "num_local_experts=1000000000000; it must be an integer "
@@ -402,10 +402,10 @@ ROW = '{"timestamp": 0, "input_length": 5, "output_length": 1'
 
 @pytest.mark.parametrize(("suffix", "text", "needle"), [
     (".jsonl", b"\xff\xfe", "is not UTF-8 text"),
-    (".jsonl", ROW.replace("0,", "NaN,", 1) + "}", "timestamp=NaN must be a finite number"),
-    (".jsonl", ROW.replace("0,", "Infinity,", 1) + "}", "timestamp=Infinity must be a finite"),
+    (".jsonl", ROW.replace("0,", "NaN,", 1) + "}", "timestamp=nan must be a finite number"),
+    (".jsonl", ROW.replace("0,", "Infinity,", 1) + "}", "timestamp=inf must be a finite"),
     (".jsonl", ROW.replace("5", "true") + "}", "input_length=true must be a finite number"),
-    (".jsonl", ROW.replace("5", "Infinity") + "}", "input_length=Infinity must be a finite"),
+    (".jsonl", ROW.replace("5", "Infinity") + "}", "input_length=inf must be a finite"),
     (".jsonl", ROW.replace("5", "1e40") + "}", "input_length=1e+40 must be a whole number of "
                                               "tokens from 1 to 134,217,728"),
     (".jsonl", ROW.replace("5", "2.5") + "}", "input_length=2.5 must be a whole number"),
@@ -413,7 +413,7 @@ ROW = '{"timestamp": 0, "input_length": 5, "output_length": 1'
     (".jsonl", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
     (".jsonl", ROW + ', "hash_ids": [[1]]}', "hash_ids[0]=[1]; each block id must be an integer"),
     (".jsonl", ROW + ', "hash_ids": [0, "fp8"]}', "hash_ids[1]='fp8'"),
-    (".jsonl", ROW + ', "hash_ids": [Infinity]}', "hash_ids[0]=Infinity"),
+    (".jsonl", ROW + ', "hash_ids": [Infinity]}', "hash_ids[0]=inf"),
     (".jsonl", ROW + ', "hash_ids": [-3]}', "hash_ids[0]=-3"),
     (".jsonl", ROW + ', "hash_ids": 7}', "hash_ids=7 must be a list of block ids"),
     (".csv", "timestamp,input_length,output_length,hash_ids\n0,5,1," + "9" * 30 + "\n",

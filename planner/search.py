@@ -598,22 +598,31 @@ class Loop:
         by_number = {p.trial.number: o for p, o in zip(runs, outcomes, strict=True)}
         told = []
         for p in pending:
-            kind, value = by_number[p.trial.number if p.first is None else p.first]
-            if kind == "rejected":
-                told.append(self._prune(p.trial, {**p.record, "stage": "rejected",
-                                                  "reason": value}, REJECTED_VIOLATION))
-            elif kind == "failed":
-                p.trial.set_user_attr("record", _plain(
-                    {**p.record, "stage": "failed", "reason": value}))
-                told.append(self.study.tell(p.trial, state=TrialState.FAIL))
-            else:
-                record = {**p.record, "stage": "simulated", "metrics": value}
-                if p.first is not None:
-                    record["reused"] = p.first
-                else:
-                    self.simulations += 1
-                told.append(self._complete(p.trial, record))
+            try:
+                told.append(self._outcome(p, *by_number[p.trial.number if p.first is None
+                                                         else p.first]))
+            except Exception:
+                frozen = self.study._storage.get_trial(p.trial._trial_id)
+                if frozen.state != TrialState.FAIL or "record" in frozen.user_attrs:
+                    raise
+                told.append(frozen)  # taken for stale by another search: its retry runs
         return told
+
+    def _outcome(self, p: _Pending, kind: str, value: Any) -> FrozenTrial:
+        """Tell a pending trial its evaluation's outcome."""
+        if kind == "rejected":
+            return self._prune(p.trial, {**p.record, "stage": "rejected", "reason": value},
+                               REJECTED_VIOLATION)
+        if kind == "failed":
+            p.trial.set_user_attr("record", _plain(
+                {**p.record, "stage": "failed", "reason": value}))
+            return self.study.tell(p.trial, state=TrialState.FAIL)
+        record = {**p.record, "stage": "simulated", "metrics": value}
+        if p.first is not None:
+            record["reused"] = p.first
+        else:
+            self.simulations += 1
+        return self._complete(p.trial, record)
 
     def _enqueue(self, number: int | None) -> None:
         """Ask again, next, for a screened point that keeps others out, so it is simulated."""

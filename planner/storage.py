@@ -238,7 +238,8 @@ def fail_stale(study: optuna.Study) -> None:
 
 class _Rdb(RDBStorage):
     """RDB storage whose trials name their owner, and whose stale trials are also those of a
-    gone owner and those that never beat (their search died at once)."""
+    gone owner and those that never beat and started over GRACE_S ago (Optuna's heartbeat
+    judges only trials that beat)."""
 
     def _create_new_trial(self, study_id: int,
                           template_trial: FrozenTrial | None = None) -> FrozenTrial:
@@ -295,8 +296,9 @@ class _Journal(JournalStorage, BaseHeartbeat):
 
 
 class Heartbeat:
-    """Keeps the trials a search holds alive: a heartbeat for each at once, then every
-    HEARTBEAT_S from a daemon thread, until it is released."""
+    """Keeps the trials a search holds alive: a heartbeat for each every HEARTBEAT_S from a
+    daemon thread, until it is released. None at once: a trial is alive for GRACE_S from its
+    start, and most are told within milliseconds (rejected, screened out, reused)."""
 
     def __init__(self, storage: BaseStorage) -> None:
         self._storage = (storage if isinstance(storage, BaseHeartbeat)
@@ -311,7 +313,6 @@ class Heartbeat:
             return
         with self._lock:
             self._held.add(trial_id)
-        self._beat(trial_id)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="rackplan-heartbeat",
                                             daemon=True)

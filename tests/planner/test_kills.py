@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from planner.search import Interrupted, SearchConfig, finished, records, run_sea
 from planner.space import build_space, suggest
 from planner.storage import OWNER, open_storage, retried
 from simulator.specs.workload import ClosedArrival, FixedLength, Workload
-from tests.planner.fakes import constant
+from tests.planner.fakes import Sleepy, constant
 
 TRIALS = 40
 KILL_AFTER = 4
@@ -263,4 +264,55 @@ def test_an_interrupted_search_keeps_its_trials_and_resumes_to_its_budget(tmp_pa
     study = run_search(cfg, evaluate=constant)
     trials = study.get_trials(deepcopy=False)
     assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 10
+    assert TrialState.RUNNING not in [t.state for t in trials]
+
+
+def test_a_slow_trial_stays_alive_while_others_look_for_stale_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(planner.storage, "HEARTBEAT_S", 0.25)
+    monkeypatch.setattr(planner.storage, "GRACE_S", 2.0)  # far shorter than an evaluation
+    cfg = config(url(tmp_path, "journal"), trials=2)
+    store = open_storage(cfg.storage)
+    planner.storage.open_study(store, cfg.study_name(), cfg.directions)
+    study = optuna.load_study(study_name=cfg.study_name(), storage=store)
+    stop = threading.Event()
+
+    def another_search() -> None:  # looks for stale trials, as a search sharing the study does
+        while not stop.wait(0.1):
+            planner.storage.fail_stale(study)
+
+    looking = threading.Thread(target=another_search)
+    looking.start()
+    try:
+        done = run_search(cfg, evaluate=Sleepy(4.0))
+    finally:
+        stop.set()
+        looking.join()
+    trials = done.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+
+
+class TakenForStale:
+    """`constant`; during the first evaluation another search takes the round's trials for
+    stale: fails them and enqueues them again."""
+
+    def __init__(self, storage: str, name: str) -> None:
+        self.storage, self.name, self.calls = storage, name, 0
+
+    def __call__(self, d):
+        self.calls += 1
+        if self.calls == 1:
+            study = optuna.load_study(study_name=self.name, storage=open_storage(self.storage))
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                planner.storage.retry(study, study._storage.get_trial(t._trial_id))
+        return constant(d)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_search_whose_trial_another_failed_goes_on_to_its_budget(tmp_path, kind):
+    cfg = config(url(tmp_path, kind), trials=6)
+    study = run_search(cfg, evaluate=TakenForStale(cfg.storage, cfg.study_name()))
+    trials = study.get_trials(deepcopy=False)
+    assert retried(trials)
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 6
     assert TrialState.RUNNING not in [t.state for t in trials]

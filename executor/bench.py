@@ -338,12 +338,27 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
     if not exe.exists():
         raise BenchError(f"the engine executable {exe} does not exist; run `make engine` or "
                          "pass vllm=")
+    command, result = measure(settings, url, model, run_dir, exe, tokenizer=tokenizer,
+                              timeout_s=timeout_s, detailed=detailed)
+    return _write_report(Report(
+        plan=str(plan_path), url=url, gpus=deployment.gpus_used, settings=settings,
+        command=tuple(command), rows=compare(predicted, result, deployment.gpus_used),
+        measured=_summary(result)), run_dir)
+
+
+def measure(settings: BenchSettings, url: str, model: str, run_dir: Path, exe: Path, *,
+            tokenizer: str | None = None, timeout_s: float | None = None,
+            detailed: bool = False, result_file: str = RESULT_FILE,
+            ) -> tuple[list[str], dict[str, Any]]:
+    """Run `vllm bench serve` once with `settings` against `url`: (its command, its result
+    JSON), the JSON saved as run_dir/`result_file` and the output in run_dir/logs/; BenchError
+    quoting the log when it fails."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    result_path = run_dir / RESULT_FILE
+    result_path = run_dir / result_file
     result_path.unlink(missing_ok=True)
     command = bench_command(settings, url, model, str(run_dir.resolve()), tokenizer=tokenizer,
-                            exe=str(exe), detailed=detailed)
-    log = run_dir / "logs" / "bench.log"
+                            exe=str(exe), detailed=detailed, result_file=result_file)
+    log = run_dir / "logs" / (Path(result_file).stem + ".log")
     start = time.monotonic()
     with open(log, "wb") as out:
         try:
@@ -356,11 +371,11 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
     if proc.returncode != 0 or not result_path.exists():
         raise BenchError(_with_tail(f"vllm bench serve exited with code {proc.returncode} "
                                     f"after {time.monotonic() - start:.0f} s", log))
-    result = json.loads(result_path.read_text())
-    return _write_report(Report(
-        plan=str(plan_path), url=url, gpus=deployment.gpus_used, settings=settings,
-        command=tuple(command), rows=compare(predicted, result, deployment.gpus_used),
-        measured=_summary(result)), run_dir)
+    try:
+        result = json.loads(result_path.read_text())
+    except ValueError as exc:
+        raise BenchError(f"{result_path} is not JSON ({exc})") from None
+    return command, result
 
 
 def compare_file(plan_path: str | Path, result_path: str | Path, run_dir: str | Path, *,

@@ -117,6 +117,30 @@ def register(sub: Any) -> None:
     p.add_argument("--calibration", metavar="DIR",
                    help="predict again with the tables `rackplan calibrate --out DIR` wrote "
                         "(and its serving_overhead.json), instead of the plan's own prediction")
+    p.add_argument("--mode", default="serve", metavar="MODE",
+                   help="serve (default: the deployment at --url, end to end), or one role "
+                        "alone, deployed here for the bench: decode_only (DecodeBenchConnector "
+                        "fills each request's KV; TPOT, ITL, output throughput) or "
+                        "prefill_only (one output token; TTFT, input throughput)")
+    p.add_argument("--context", type=int, metavar="TOKENS",
+                   help="isolated modes: the prompt length, and in decode_only the KV each "
+                        "request decodes after")
+    p.add_argument("--concurrency", type=int, metavar="N",
+                   help="isolated modes: users of the closed loop (default 1)")
+    p.add_argument("--sweep", metavar="L1,L2,...",
+                   help="bench at each load (users of a closed loop, or requests/s of an "
+                        "open one), each beside the simulator's prediction at that load: "
+                        "sweep.json, sweep.md and the two curves")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="with --sweep: draw the predicted and measured curves (.png/.svg/.pdf)")
+    p.add_argument("--num-prompts", type=int, metavar="N",
+                   help="prompts per benchmark run (default: the plan's requests; isolated "
+                        "modes: 4 per user, at least 8)")
+    p.add_argument("--base-port", type=int, metavar="PORT",
+                   help="isolated modes: the first port of the role deployed here (default "
+                        "8100)")
+    p.add_argument("--model-path", metavar="PATH",
+                   help="isolated modes: what vllm serves (default: as deploy chooses)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -365,6 +389,13 @@ def _run_dir_command(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from executor.backends.local import render_local
 
+    isolated = args.mode != "serve"
+    if isolated or args.sweep:
+        return _bench_points(args)
+    for flag in ("context", "concurrency", "plot", "base_port", "model_path"):
+        if getattr(args, flag) is not None:
+            raise SpecError(f"--{flag.replace('_', '-')} goes with --mode decode_only/"
+                            "prefill_only or --sweep")
     deployment = _load(args.plan)
     run_dir = writable(args.out or Path("runs") / f"bench-{Path(args.plan).stem}", "--out",
                        folder=True)
@@ -379,7 +410,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from executor.bench import run_bench
 
         try:
-            report = run_bench(Path(args.plan), url, run_dir, repredict=repredict)
+            report = run_bench(Path(args.plan), url, run_dir, repredict=repredict,
+                               num_prompts=_prompts(args))
         except LaunchError as e:  # bench's BenchError among them
             print(f"rackplan: error: {e}", file=sys.stderr)
             return EXIT_LAUNCH_FAILED
@@ -390,3 +422,81 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for path in report.paths:
         print(f"report: {path}")
     return 0
+
+
+def _prompts(args: argparse.Namespace) -> int | None:
+    if args.num_prompts is not None and not 1 <= args.num_prompts <= MAX_PROMPTS:
+        raise SpecError(f"--num-prompts {args.num_prompts} must be between 1 and {MAX_PROMPTS}")
+    return int(args.num_prompts) if args.num_prompts is not None else None
+
+
+MAX_PROMPTS = 1_000_000
+"""Prompts one benchmark run may send: past it a run on one engine takes days."""
+
+
+def _bench_points(args: argparse.Namespace) -> int:
+    """bench --mode decode_only/prefill_only and/or --sweep."""
+    from executor.backends.local import render_local
+    from executor.sweep import bench_points, parse_loads, write_plot
+
+    isolated = args.mode != "serve"
+    if isolated:
+        from executor.isolated import mode_for
+
+        mode_for(args.mode)
+        if args.url or args.from_file:
+            raise SpecError(f"--mode {args.mode} deploys the role here; it takes no --url or "
+                            "--from-file")
+        if args.context is None or not 1 <= args.context <= MAX_CONTEXT:
+            raise SpecError(f"--mode {args.mode} needs --context TOKENS between 1 and "
+                            f"{MAX_CONTEXT}")
+        if args.sweep and args.concurrency is not None:
+            raise SpecError("give --concurrency N or --sweep L1,L2,..., not both")
+    elif args.from_file:
+        raise SpecError("--sweep runs benchmarks; it cannot go with --from-file")
+    if args.concurrency is not None and not 1 <= args.concurrency <= 100_000:
+        raise SpecError(f"--concurrency {args.concurrency} must be between 1 and 100000")
+    loads = parse_loads(args.sweep) if args.sweep else (float(args.concurrency or 1),)
+    plot = None
+    if args.plot:
+        from planner.chart import check_chart_path
+
+        if not args.sweep:
+            raise SpecError("--plot draws a --sweep's curves; give --sweep L1,L2,...")
+        plot = check_chart_path(args.plot)
+    deployment = _load(args.plan)
+    run_dir = writable(args.out or Path("runs") / f"bench-{Path(args.plan).stem}", "--out",
+                       folder=True)
+    model = None
+    if isolated:
+        try:
+            model = model_path(deployment, args.model_path, build=True)
+        except LaunchError as e:
+            print(f"rackplan: error: {e}", file=sys.stderr)
+            return EXIT_LAUNCH_FAILED
+    url = None if isolated else (
+        args.url or f"http://127.0.0.1:{render_local(deployment).router['port']}")
+    try:
+        report = bench_points(args.plan, run_dir, loads, mode=args.mode, url=url,
+                              context=args.context, num_prompts=_prompts(args), model=model,
+                              base_port=args.base_port, repredict=args.calibration is not None)
+    except LaunchError as e:
+        print(f"rackplan: error: {e}", file=sys.stderr)
+        return EXIT_LAUNCH_FAILED
+    print(f"mode: {args.mode}; prediction: simulated now at each load")
+    if len(report.points) == 1 and not args.sweep:
+        print(report.points[0].table())
+        paths = report.points[0].paths
+    else:
+        print(report.table())
+        paths = report.paths
+        if plot is not None:
+            paths = (*paths, write_plot(report, plot))
+    for path in paths:
+        print(f"report: {path}")
+    return 0
+
+
+MAX_CONTEXT = 1 << 24
+"""The longest --context asked of an isolated bench (16M tokens, past any model's window; the
+engine refuses what its own window cannot hold)."""

@@ -1,0 +1,152 @@
+"""`rackplan bench --mode decode_only|prefill_only` and `--sweep`: one role deployed alone
+with the mode's connector, the bench traffic, and a benchmark per load beside the simulator's
+prediction at that load. The engine is the fake (tests/executor/fake_vllm.py) here;
+test_engine_bench_modes.py runs the same on vLLM's CPU build."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from executor.backends.local import free_base_port, render_local
+from executor.isolated import (
+    DECODE_BENCH,
+    MODES,
+    rendering_alone,
+    role_alone,
+    with_context_room,
+    workload_alone,
+)
+from executor.sweep import parse_loads
+from simulator.specs.errors import SpecError
+from simulator.specs.workload import Workload
+from tests.executor.fake_vllm import BENCH_RESULT
+from tests.executor.local_helpers import TINY_AGG, TINY_PD, fake_vllm, plan_deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_decode_only_keeps_the_decode_role_with_decode_bench_connector():
+    d = plan_deployment(TINY_PD)
+    role, alone = role_alone(d, MODES["decode_only"])
+    assert role == "decode" and list(alone.roles) == ["decode"]
+    assert alone.single_role == "decode" and alone.gpus_used == d.decode.gpus  # type: ignore
+    r = rendering_alone(render_local(d, "/m"), role, MODES["decode_only"])
+    assert [p.instance for p in r.processes] == ["decode-0"]
+    (p,) = r.processes
+    assert p.value("--kv-transfer-config") == DECODE_BENCH
+    assert not p.has("--no-enable-chunked-prefill")  # only ExampleConnector's handoff needs it
+    assert r.router == {"port": render_local(d, "/m").router["port"],
+                        "aggregated_urls": [f"http://127.0.0.1:{p.port}"],
+                        "aggregated_policy": "least_requests"}
+
+
+def test_prefill_only_drops_the_connector_and_an_aggregated_plan_benches_itself():
+    d = plan_deployment(TINY_PD)
+    r = rendering_alone(render_local(d, "/m"), "prefill", MODES["prefill_only"])
+    assert [p.instance for p in r.processes] == ["prefill-0"]
+    assert not r.processes[0].has("--kv-transfer-config")
+    role, alone = role_alone(plan_deployment(TINY_AGG), MODES["prefill_only"])
+    assert role == "aggregated" and list(alone.roles) == ["aggregated"]
+
+
+def test_the_bench_traffic_is_a_closed_loop_at_the_context():
+    w = workload_alone(Workload(), MODES["decode_only"], 1000, 4, None)
+    assert (w.mode, w.context_tokens, w.requests, w.arrival.concurrency) == (  # type: ignore
+        "decode_only", 1000, 16, 4)
+    assert w.input_tokens.value == 1000  # type: ignore[union-attr]
+    p = workload_alone(Workload(), MODES["prefill_only"], 300, 1, 5)
+    assert (p.mode, p.requests, p.output_tokens.value) == ("prefill_only", 5, 1)  # type: ignore
+
+
+def test_the_context_limit_makes_room_for_the_asked_context():
+    r = render_local(plan_deployment(TINY_PD), "/m")
+    wider = with_context_room(r, 1100)
+    assert {p.value("--max-model-len") for p in wider.processes} == {1100}
+    assert with_context_room(r, 10) == r
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("1,x", "'x' is not a number"), ("0,4", "'0' must be a positive, finite load"),
+    ("4,4", "repeats a load"), ("nan", "positive, finite"),
+    (",".join(str(i) for i in range(1, 18)), "at most 16")])
+def test_bad_sweeps_are_named(text, needle):
+    with pytest.raises(SpecError, match=needle):
+        parse_loads(text)
+
+
+def engine_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "engine"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "vllm").symlink_to(fake_vllm(tmp_path))
+    return venv
+
+
+def rackplan(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "planner.cli", "bench", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "RACKPLAN_ENGINE_VENV": str(engine_venv(tmp_path))})
+
+
+def test_a_decode_only_sweep_deploys_the_role_benches_each_load_and_tears_down(tmp_path):
+    out = tmp_path / "bench"
+    r = rackplan(tmp_path, str(TINY_PD), "--mode", "decode_only", "--context", "300",
+                 "--sweep", "1,2", "--model-path", "/models/tiny-moe", "--out", str(out),
+                 "--base-port", str(free_base_port(1)), "--plot", str(tmp_path / "s.png"))
+    assert r.returncode == 0, r.stderr
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["mode"] == "decode_only" and sweep["loads"] == [1.0, 2.0]
+    for curve in ("predicted", "measured"):
+        assert [p["load"] for p in sweep[curve]] == [1.0, 2.0]
+        assert all(p["tok_s_user_p50"] > 0 and p["throughput_tok_s_gpu"] > 0
+                   for p in sweep[curve])
+    measured = sweep["measured"][0]
+    assert measured["tok_s_user_p50"] == pytest.approx(1000 / BENCH_RESULT["median_tpot_ms"])
+    metrics = [row["metric"] for row in sweep["points"][0]["comparison"]]
+    assert metrics == list(MODES["decode_only"].metrics)
+    log = (out / "load-2" / "logs" / "bench.log").read_text()
+    assert "--random-input-len 300" in log and "--max-concurrency 2" in log
+    serve_log = (out / "deploy" / "logs" / "decode-0-h0.log").read_text()
+    assert "fake vllm serving /models/tiny-moe" in serve_log
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| load | tpot_ms.p50 |" in (out / "sweep.md").read_text()
+    assert not (out / "deploy" / "logs" / "prefill-0-h0.log").exists()  # the role alone
+
+
+def test_a_single_isolated_bench_prints_its_comparison(tmp_path):
+    out = tmp_path / "bench"
+    r = rackplan(tmp_path, str(TINY_PD), "--mode", "prefill_only", "--context", "200",
+                 "--concurrency", "2", "--model-path", "/models/tiny-moe", "--out", str(out),
+                 "--base-port", str(free_base_port(1)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1].split() == ["metric", "predicted", "measured", "error"]
+    assert [line.split()[0] for line in r.stdout.splitlines()[2:6]] == list(
+        MODES["prefill_only"].metrics)
+    assert json.loads((out / "load-2" / "report.json").read_text())["settings"][
+        "output_len"] == 1
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--mode", "decode_everything", "--context", "9"], "--mode 'decode_everything' is not"),
+    (["--mode", "decode_only"], "needs --context TOKENS between 1 and"),
+    (["--mode", "decode_only", "--context", "0"], "needs --context TOKENS between 1 and"),
+    (["--mode", "decode_only", "--context", "9", "--url", "http://x:1"], "takes no --url"),
+    (["--mode", "decode_only", "--context", "9", "--concurrency", "2", "--sweep", "1,2"],
+     "not both"),
+    (["--mode", "decode_only", "--context", "9", "--concurrency", "0"],
+     "--concurrency 0 must be between 1 and"),
+    (["--context", "9"], "--context goes with --mode"),
+    (["--sweep", "1,2", "--from-file", "r.json"], "cannot go with --from-file"),
+    (["--mode", "decode_only", "--context", "9", "--plot", "x.png"], "--plot draws a --sweep"),
+    (["--sweep", "1,2", "--plot", "x.gif"], "must end in .png"),
+    (["--num-prompts", "0"], "--num-prompts 0 must be between 1 and"),
+])
+def test_bad_bench_options_are_one_line(tmp_path, args, needle):
+    r = rackplan(tmp_path, str(TINY_PD), "--out", str(tmp_path / "b"), *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr

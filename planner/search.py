@@ -105,7 +105,9 @@ class Guard:
     """A search's ^C: raised at once while the search waits for evaluations (or runs one), and
     held until the next such moment, or the next trial, while it talks to the storage — a
     database call cut short leaves the libraries' tracebacks on stderr, and a half-written
-    trial. Not installed (outside the main thread, or never), ^C raises anywhere, as usual."""
+    trial. Not installed (outside the main thread, or never), ^C raises anywhere, as usual; a
+    process that ignores SIGINT (started in the background by a shell, nohup) goes on ignoring
+    it."""
 
     def __init__(self) -> None:
         self.safe = True
@@ -113,7 +115,8 @@ class Guard:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
+        if (threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
             yield
             return
         previous = signal.signal(signal.SIGINT, self._handle)

@@ -237,11 +237,65 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
     below by max(compute, exchange) of the whole batch (overlap hides, it never removes) and
     above by their sum (never slower than not overlapping). The exchange left exposed is what
     the breakdown books as communication."""
-    full = _step(inst, batch, cal)
-    comm = full.breakdown["communication"]
-    if not inst.dbo or comm <= 0 or not _splits(inst, batch):
+    return close_step(inst, open_step(inst, batch, cal), cal, most_loaded(inst, batch))
+
+
+def most_loaded(inst: Instance, batch: Batch) -> float | None:
+    """Token-to-expert assignments of the most-loaded EP rank in `batch`; None: spread evenly
+    (no `expert_tokens`, or no expert parallelism)."""
+    if batch.expert_tokens is None or inst.ep <= 1:
+        return None
+    return float(np.max(batch.expert_tokens))
+
+
+@dataclass(frozen=True)
+class _Open:
+    """One micro-batch priced up to its routed experts."""
+
+    led: _Ledger
+    even: float
+    """The most-loaded EP rank's assignments when they are spread evenly."""
+    decode_only: bool
+    draft: tuple[float, float] | None
+    """MTP: (decode requests / tokens of the busiest ranks, lm_head ms); None without it."""
+    accepted: float
+
+
+@dataclass(frozen=True)
+class OpenStep:
+    """A step priced up to its routed experts, whose price depends on the batch only through
+    the most-loaded EP rank's assignments: `close_step` finishes it for any such load, the
+    same StepTime as `step_time`, bit for bit (a memo keeps one per batch, not one per expert
+    load)."""
+
+    full: _Open | StepTime
+    """The whole batch (a StepTime when the step computes nothing)."""
+    half: _Open | None
+    """Dual-batch overlap: one of its two micro-batches, when the step splits."""
+
+
+def open_step(inst: Instance, batch: Batch, cal: Calibration) -> OpenStep:
+    """`batch` on `inst` priced but for its routed experts (see `OpenStep`)."""
+    full = _open(inst, batch, cal)
+    if isinstance(full, StepTime) or not inst.dbo or full.led.ms["communication"] <= 0 or (
+            not _splits(inst, batch)):
+        return OpenStep(full, None)
+    half = _open(inst, batch.halved(), cal)
+    assert not isinstance(half, StepTime)
+    return OpenStep(full, half)
+
+
+def close_step(inst: Instance, opened: OpenStep, cal: Calibration,
+               top: float | None) -> StepTime:
+    """The StepTime of an opened step whose most-loaded EP rank receives `top` token-to-expert
+    assignments (None: spread evenly)."""
+    if isinstance(opened.full, StepTime):
+        return opened.full
+    full = _close(inst, opened.full, cal, top)
+    if opened.half is None:
         return full
-    half = _step(inst, batch.halved(), cal)
+    half = _close(inst, opened.half, cal, None if top is None else top / 2)
+    comm = full.breakdown["communication"]
     over = inst.step_overhead_ms
     c, m = full.total_ms - comm - over, comm
     mh = half.breakdown["communication"]
@@ -267,8 +321,9 @@ def _splits(inst: Instance, batch: Batch) -> bool:
     return tokens > threshold
 
 
-def _step(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
-    """One step without dual-batch overlap."""
+def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
+    """One micro-batch without dual-batch overlap, priced up to its routed experts (a
+    StepTime when it computes nothing)."""
     m = inst.model
     dp = inst.dp
     led = _Ledger()
@@ -306,32 +361,15 @@ def _step(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
         down = cal.gemm(tokens, m.hidden, inter, inst.weights)
         led.add("moe", "shared_experts", up, moe_layers * float((up.ms + down.ms).max()))
 
-    # Routed experts: the most-loaded EP rank sets the pace.
+    # The router; the routed experts are priced by `_close`, after everything else.
+    ep = inst.ep
+    even = float(tokens.sum() * m.top_k / ep)
     if moe_layers:
-        ep = inst.ep
-        if batch.expert_tokens is not None and ep > 1:
-            received = _per_rank(batch.expert_tokens, ep)
-        else:
-            received = np.full(ep, tokens.sum() * m.top_k / ep)
         router = cal.gemm(tokens, m.n_routed_experts, m.hidden, "bf16")
         # Hash-routed layers (V4) look their experts up by token id: no gate GEMM.
         gated = max(moe_layers - m.hash_layers, 0)
         led.add("moe", "router", router, gated * float(router.ms.max()))
-        expert_dtype = m.expert_weights(inst.weights)
-        group_tokens = received.max() * ep / m.top_k  # a balanced group loading every rank so
-        if dp > 1 and inst.mega_moe:  # one fused kernel: its exchange is inside
-            experts = cal.mega_moe(group_tokens / ep, m.hidden, m.moe_intermediate, m.top_k,
-                                   m.n_routed_experts, ep, expert_dtype,
-                                   bool(dec_b.sum() > 0 and pre_tok.sum() == 0),
-                                   inst.a2a_bandwidth)
-        elif dp > 1 and inst.all2all.startswith("deepep"):  # wide EP: only routed tokens arrive
-            experts = cal.moe_wideep(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
-                                     m.n_routed_experts, ep, expert_dtype,
-                                     inst.all2all == "deepep_low_latency")
-        else:  # every rank sees every token (TP, or all-gather EP)
-            experts = cal.moe(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
-                              m.n_routed_experts, ep, expert_dtype, tp=inst.moe_tp)
-        led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
+        led.parts["routed_experts"], led.provenance["routed_experts"] = 0.0, ""  # its place
         if ep > 1 and dp > 1 and not inst.mega_moe:  # DP ranks exchange tokens; a TP group
             # already holds them all, and MegaMoE exchanges them inside its kernel
             _token_exchange(inst, cal, tokens, moe_layers, led)
@@ -341,12 +379,46 @@ def _step(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
 
     head = cal.gemm(logits, m.vocab // inst.tp, m.hidden, "bf16")
     led.add("dense", "lm_head", head, float(head.ms.max()))
+    draft = None
+    if spec and dec_b.any():
+        draft = (float(dec_b.max() / max(tokens.max(), 1)), float(head.ms.max()))
+    accepted = dec_b * _expected_accepted(spec, inst.spec_acceptance) + pre_tok
+    return _Open(led, even, bool(dec_b.sum() > 0 and pre_tok.sum() == 0), draft,
+                 float(accepted.sum()))
 
-    if spec and dec_b.any():  # MTP draft: `spec` single-layer passes at the decode batch
+
+def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -> StepTime:
+    """An opened micro-batch finished: its routed experts at `top` assignments on the
+    most-loaded EP rank (None: `opened.even`), the MTP draft, offload and fixed overhead."""
+    m = inst.model
+    src = opened.led
+    led = _Ledger()
+    led.ms, led.parts, led.provenance = dict(src.ms), dict(src.parts), dict(src.provenance)
+    moe_layers = m.moe_layers if m.is_moe else 0
+    if moe_layers:  # the most-loaded EP rank sets the pace
+        ep, dp = inst.ep, inst.dp
+        received = opened.even if top is None else top
+        expert_dtype = m.expert_weights(inst.weights)
+        group_tokens = received * ep / m.top_k  # a balanced group loading every rank so
+        if dp > 1 and inst.mega_moe:  # one fused kernel: its exchange is inside
+            experts = cal.mega_moe(group_tokens / ep, m.hidden, m.moe_intermediate, m.top_k,
+                                   m.n_routed_experts, ep, expert_dtype, opened.decode_only,
+                                   inst.a2a_bandwidth)
+        elif dp > 1 and inst.all2all.startswith("deepep"):  # wide EP: only routed tokens arrive
+            experts = cal.moe_wideep(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
+                                     m.n_routed_experts, ep, expert_dtype,
+                                     inst.all2all == "deepep_low_latency")
+        else:  # every rank sees every token (TP, or all-gather EP)
+            experts = cal.moe(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
+                              m.n_routed_experts, ep, expert_dtype, tp=inst.moe_tp)
+        led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
+
+    spec = inst.spec_tokens
+    if opened.draft is not None:  # MTP draft: `spec` single-layer passes at the decode batch
+        ratio, head_ms = opened.draft
         draft_frac = spec * m.mtp_layers / m.layers
-        layer_work = (led.ms["attention"] + led.ms["moe"] + led.ms["communication"]) * (
-            dec_b.max() / max(tokens.max(), 1))
-        led.add("other", "mtp_draft", None, draft_frac * layer_work + spec * float(head.ms.max()))
+        layer_work = (led.ms["attention"] + led.ms["moe"] + led.ms["communication"]) * ratio
+        led.add("other", "mtp_draft", None, draft_frac * layer_work + spec * head_ms)
         led.provenance["mtp_draft"] = led.provenance.get("routed_experts",
                                                          led.provenance["lm_head"])
     if inst.offload_bytes > 0:  # zero-copy reads of the offloaded weights, every forward pass
@@ -357,9 +429,8 @@ def _step(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
     led.add("other", "overhead", None, inst.step_overhead_ms)
     led.provenance["overhead"] = "measured (fixed)" if inst.overhead_ms is not None else (
         f"roofline (assumed fixed {inst.step_overhead_ms} ms per step)")
-    accepted = dec_b * _expected_accepted(spec, inst.spec_acceptance) + pre_tok
     total = float(sum(led.ms.values()))
-    return StepTime(total, dict(led.ms), led.provenance, led.parts, float(accepted.sum()))
+    return StepTime(total, dict(led.ms), led.provenance, led.parts, opened.accepted)
 
 
 def _charge_parts(led: _Ledger, category: str, prefix: str, total: float) -> None:

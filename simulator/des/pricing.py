@@ -17,8 +17,12 @@ front. The step is priced once per distinct signature, on a batch made of the fr
 (padded to the DP size by repeating the first), and the price is reused, also by later runs in
 the same process that price the same instance with the same tables (a search simulates many
 deployments whose roles repeat): the memo is shared per (calibration, instance), bounded in
-size. The operations a miss prices go through `simulator.cost.price_cache`, which remembers
-each operation's price per point.
+size. The expert load is drawn per step, so one front comes back with many loads (three a
+front in the default search's decode steps): only the routed experts' price depends on it, so
+the cost model composes a front's step once (`simulator.cost.step.open_step`) and finishes it
+for each load with one MoE price (`close_step`; the same StepTime as `step_time`, bit for bit).
+`misses` counts the composed fronts. The operations they price go through
+`simulator.cost.price_cache`, which remembers each operation's price per point.
 
 Against pricing every step directly (benchmarks/price_memo.py, 6 bits): a median error of
 0.2-0.5 %, p99 1-4 %; at 8 bits the median is 0.08-0.12 % and 98 % of steps are within 0.5 %.
@@ -39,6 +43,7 @@ import numpy as np
 from simulator.calibration import Calibration
 from simulator.cost import Batch, Instance, StepTime, step_time
 from simulator.cost.price_cache import CachedCalibration
+from simulator.cost.step import OpenStep, close_step, open_step
 
 
 def round_bits(x: Any, bits: int) -> Any:
@@ -72,9 +77,10 @@ SHARED_ENTRIES = 400_000
 """Prices one calibration's shared memo keeps; a pricer created when it holds more starts it
 afresh."""
 
-_shared: dict[int, tuple[Calibration, dict[tuple[Any, ...], StepTime], CachedCalibration]] = {}
-"""id(calibration) -> (the calibration, kept alive so that its id stays its own; its memo; its
-operation prices per point)."""
+_shared: dict[int, tuple[Calibration, dict[tuple[Any, ...], StepTime],
+                        dict[tuple[Any, ...], OpenStep], CachedCalibration]] = {}
+"""id(calibration) -> (the calibration, kept alive so that its id stays its own; its memo of
+prices; its memo of opened steps; its operation prices per point)."""
 
 
 def instance_key(inst: Instance) -> tuple[Any, ...]:
@@ -84,16 +90,19 @@ def instance_key(inst: Instance) -> tuple[Any, ...]:
 
 
 def _shared_memo(calibration: Calibration) -> tuple[dict[tuple[Any, ...], StepTime],
+                                                   dict[tuple[Any, ...], OpenStep],
                                                    CachedCalibration]:
     entry = _shared.get(id(calibration))
     if entry is None:
         if len(_shared) >= 8:
             _shared.clear()
-        entry = _shared[id(calibration)] = (calibration, {}, CachedCalibration(calibration))
-    memo = entry[1]
+        entry = _shared[id(calibration)] = (calibration, {}, {}, CachedCalibration(calibration))
+    memo, opened = entry[1], entry[2]
     if len(memo) > SHARED_ENTRIES:
         memo.clear()
-    return memo, entry[2]
+    if len(opened) > SHARED_ENTRIES:
+        opened.clear()
+    return memo, opened, entry[3]
 
 
 class StepPricer:
@@ -102,10 +111,13 @@ class StepPricer:
     def __init__(self, instance: Instance, calibration: Calibration, bits: int = 6) -> None:
         self.instance, self.calibration, self.bits = instance, calibration, bits
         self._memo: dict[tuple[bytes, float], StepTime] = {}
+        self._opened: dict[bytes, OpenStep] = {}
+        """The fronts' steps priced but for their routed experts (`OpenStep`)."""
         self._rows: dict[tuple[bytes, float], StepTime] = {}
         """The same prices by the rounded rows before the front is taken (rank order kept)."""
-        self._shared, self._ops = _shared_memo(calibration)
+        self._shared, self._shared_opened, self._ops = _shared_memo(calibration)
         self._key = instance_key(instance)
+        self._ep = instance.ep > 1
         self.calls = 0
         """Steps priced through this pricer."""
         probe = step_time(instance, Batch.decode(instance.dp, 1, 1), calibration)
@@ -114,7 +126,13 @@ class StepPricer:
 
     @property
     def misses(self) -> int:
-        """Distinct signatures priced by the cost model."""
+        """Distinct fronts (rounded rows) whose steps the cost model composed."""
+        return len(self._opened)
+
+    @property
+    def expert_loads(self) -> int:
+        """Distinct signatures (front and most-loaded EP rank), each finished from its front's
+        opened step with one routed-experts price."""
         return len(self._memo)
 
     def price(self, decode_requests: np.ndarray, decode_context: np.ndarray,
@@ -131,7 +149,8 @@ class StepPricer:
         if hit is not None:
             return hit
         rows = pareto_front(rounded)
-        key = (rows.tobytes(), top)
+        front = rows.tobytes()
+        key = (front, top)
         hit = self._memo.get(key)
         if hit is None:
             hit = self._shared.get((self._key, *key))
@@ -140,17 +159,32 @@ class StepPricer:
         if hit is not None:
             self._remember(seen, hit)
             return hit
-        dp = self.instance.dp
-        padded = np.concatenate([rows, np.repeat(rows[:1], dp - len(rows), axis=0)])
-        experts = None
-        if expert_tokens is not None and expert_tokens[0] > 0:
-            experts = expert_tokens * (top / float(expert_tokens[0]))
-        batch = Batch(padded[:, 0], padded[:, 1], padded[:, 2], padded[:, 3], padded[:, 4],
-                      expert_tokens=experts)
-        priced = step_time(self.instance, batch, cast(Calibration, self._ops))
+        priced = self._exact(rows, front, top, expert_tokens)
         self._memo[key] = self._shared[(self._key, *key)] = priced
         self._remember(seen, priced)
         return priced
+
+    def _exact(self, rows: np.ndarray, front: bytes, top: float,
+               expert_tokens: np.ndarray | None) -> StepTime:
+        """The cost model's price of the step of `rows` (a front, as bytes `front`) whose
+        most-loaded EP rank receives `top` assignments."""
+        ops = cast(Calibration, self._ops)
+        opened = self._opened.get(front)
+        if opened is None:
+            opened = self._shared_opened.get((self._key, front))
+            if opened is None:
+                dp = self.instance.dp
+                padded = np.concatenate([rows, np.repeat(rows[:1], dp - len(rows), axis=0)])
+                batch = Batch(padded[:, 0], padded[:, 1], padded[:, 2], padded[:, 3],
+                              padded[:, 4])
+                opened = self._shared_opened[(self._key, front)] = open_step(
+                    self.instance, batch, ops)
+            self._opened[front] = opened
+        most = None
+        if self._ep and expert_tokens is not None and expert_tokens[0] > 0:
+            # the assignments a batch carrying these expert tokens scaled to `top` has
+            most = float(np.max(expert_tokens * (top / float(expert_tokens[0]))))
+        return close_step(self.instance, opened, ops, most)
 
     def _remember(self, rows: tuple[bytes, float], priced: StepTime) -> None:
         if len(self._rows) >= ROWS_ENTRIES:

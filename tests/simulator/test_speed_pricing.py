@@ -1,0 +1,79 @@
+"""A step composed once and finished per expert load (simulator.cost.step.open_step /
+close_step, as the step memo uses them) is the step priced directly, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.calibration import load_calibration
+from simulator.cost import Batch, step_time
+from simulator.cost.step import close_step, instance_from_role, most_loaded, open_step
+from simulator.des.pricing import StepPricer, pareto_front, round_bits
+from simulator.specs.deployment import RoleSpec, Speculative
+from simulator.specs.hardware import load_hardware
+from simulator.specs.model import load_model
+
+ROLES = [
+    ("decode", RoleSpec(instances=1, dep=16, speculative=Speculative(tokens=3, acceptance=0.8))),
+    ("decode", RoleSpec(instances=1, dep=8, dbo=True)),
+    ("prefill", RoleSpec(instances=1, dep=4, dbo=True)),
+    ("aggregated", RoleSpec(instances=1, dep=8)),
+    ("aggregated", RoleSpec(instances=1, tp=8)),
+]
+
+
+def _batch(role: str, dp: int, ranks: int, rng: np.random.Generator) -> Batch:
+    z = np.zeros(dp)
+    dec = z if role == "prefill" else rng.integers(0, 200, dp).astype(float)
+    ctx = np.exp(rng.uniform(3, 11, dp)) * (dec > 0)
+    pre = z if role == "decode" else rng.integers(0, 8000, dp).astype(float)
+    req = np.ceil(pre / 2000)
+    past = np.exp(rng.uniform(0, 11, dp)) * (pre > 0)
+    experts = None if rng.random() < 0.3 else np.sort(rng.uniform(0, 5000, ranks))[::-1]
+    return Batch(dec, ctx, pre, req, past, expert_tokens=experts)
+
+
+@pytest.mark.parametrize("model,hardware", [("deepseek-v4-flash", "gb300"),
+                                            ("deepseek-v3", "h200")])
+def test_an_opened_step_closed_at_its_expert_load_is_the_direct_price(model: str,
+                                                                      hardware: str) -> None:
+    hw, m = load_hardware(hardware), load_model(model)
+    cal = load_calibration(hw)
+    rng = np.random.default_rng(1)
+    for role, spec in ROLES:
+        inst = instance_from_role(m, hw, role, spec, "fp8", "fp8")
+        for _ in range(12):
+            batch = _batch(role, inst.dp, inst.ranks, rng)
+            direct = step_time(inst, batch, cal)
+            got = close_step(inst, open_step(inst, batch, cal), cal, most_loaded(inst, batch))
+            assert got.total_ms == direct.total_ms
+            assert got.breakdown == direct.breakdown and got.tokens == direct.tokens
+            assert list(got.parts.items()) == list(direct.parts.items())
+            assert list(got.provenance.items()) == list(direct.provenance.items())
+
+
+def test_a_front_is_composed_once_for_every_expert_load() -> None:
+    """The memo prices a step at its rounded rows and its most-loaded EP rank's assignments
+    exactly as the cost model would; a front seen with another load costs no new
+    composition."""
+    hw, m = load_hardware("gb300"), load_model("deepseek-v4-flash")
+    cal = load_calibration(hw)
+    inst = instance_from_role(m, hw, "decode", RoleSpec(
+        instances=1, dep=8, speculative=Speculative(tokens=3, acceptance=0.8)), "fp8", "fp8")
+    pricer = StepPricer(inst, cal)
+    rng = np.random.default_rng(2)
+    dp = inst.dp
+    dec, ctx, z = rng.integers(1, 9, dp).astype(float), np.exp(rng.uniform(8, 11, dp)), np.zeros(dp)
+    for k in range(6):
+        tokens = dec.sum() * (1 + inst.spec_tokens)
+        experts = np.sort(rng.uniform(1.0, 1.0 + 0.2 * k, inst.ep))[::-1] * (
+            tokens * m.top_k / inst.ep)
+        got = pricer.price(dec, ctx, z, z, z, experts)
+        rows = pareto_front(round_bits(np.array([dec, ctx, z, z, z]), pricer.bits).T)
+        padded = np.concatenate([rows, np.repeat(rows[:1], dp - len(rows), axis=0)])
+        top = round_bits(float(experts[0]), pricer.bits)
+        direct = step_time(inst, Batch(*padded.T, expert_tokens=experts * (top / experts[0])),
+                           cal)
+        assert got.total_ms == direct.total_ms and got.provenance == direct.provenance
+    assert pricer.misses == 1 and pricer.expert_loads > 1

@@ -34,7 +34,7 @@ import os
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,6 +52,7 @@ from executor.backends.local import (
 )
 from executor.bench import RESULT_FILE, run_bench
 from executor.tinymodel import ensure_tiny_model
+from kernels.from_run import fit_handoff, fit_overheads
 from planner.evaluate import sim_options
 from planner.plan import load_plan_or_deployment
 from simulator.calibration.serving import write_user_serving_overhead
@@ -130,38 +131,6 @@ def workload_dict(s: Settings, concurrency: int, prompts: int, seed: int) -> dic
     return {"arrival": {"kind": "closed", "concurrency": concurrency}, "requests": prompts,
             "input_tokens": {"kind": "fixed", "value": s.input_len},
             "output_tokens": {"kind": "fixed", "value": s.output_len}, "seed": seed}
-
-
-Simulate = Callable[[float, float, float], dict[str, Any]]
-"""(step overhead, API overhead, handoff) in ms -> `simulate --json` metrics of the fit's
-workload."""
-
-
-def fit_overheads(engine_tpot_ms: float, ttft_p50_ms: float,
-                  simulate: Simulate) -> dict[str, float]:
-    """Step and API overhead from the runs at concurrency 1: the engine's mean TPOT minus the
-    simulated TPOT without any overhead (the calibrated kernels alone), then the measured TTFT
-    p50 minus the simulated one with that step overhead. Both floored at 0."""
-    _check_ms("engine TPOT", engine_tpot_ms)
-    _check_ms("TTFT p50", ttft_p50_ms)
-    kernels = float(simulate(0.0, 0.0, 0.0)["tpot_ms"]["p50"])
-    step = max(0.0, engine_tpot_ms - kernels)
-    engine_ttft = float(simulate(step, 0.0, 0.0)["ttft_ms"]["p50"])
-    return {"step_overhead_ms": step, "api_overhead_ms": max(0.0, ttft_p50_ms - engine_ttft),
-            "kernel_tpot_ms": kernels, "simulated_ttft_ms": engine_ttft}
-
-
-def fit_handoff(ttft_p50_ms: float, step_ms: float, api_ms: float, simulate: Simulate) -> float:
-    """The P/D handoff from the P/D runs at concurrency 1: measured TTFT p50 minus the simulated
-    one with the step and API overheads and no handoff, floored at 0."""
-    _check_ms("TTFT p50", ttft_p50_ms)
-    return max(0.0, ttft_p50_ms - float(simulate(step_ms, api_ms, 0.0)["ttft_ms"]["p50"]))
-
-
-def _check_ms(what: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"the measured {what} is {value!r}; the fit needs a finite number "
-                         "of ms >= 0")
 
 
 def parse_prometheus(text: str, names: Iterable[str]) -> dict[str, float]:

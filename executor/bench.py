@@ -186,6 +186,8 @@ class Report:
     """Files written: report.json and report.md."""
     result_file: str | None = None
     """The result file compared, for a result measured elsewhere (--from-file)."""
+    mode: str = "serve"
+    """serve (end to end), or the isolated-role mode benched (executor/isolated.py)."""
 
     def row(self, metric: str) -> Comparison:
         """The comparison of one metric; KeyError naming it when absent."""
@@ -198,7 +200,7 @@ class Report:
         """report.json."""
         s = self.settings
         return {
-            "plan": self.plan, "url": self.url, "gpus": self.gpus,
+            "plan": self.plan, "mode": self.mode, "url": self.url, "gpus": self.gpus,
             "settings": None if s is None else {k: v for k, v in s.__dict__.items()
                                                 if k != "notes"},
             "notes": [] if s is None else list(s.notes), "command": list(self.command),

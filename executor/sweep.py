@@ -178,7 +178,7 @@ def _serve_points(plan_path: Path, run_dir: Path, loads: Sequence[float], url: s
         predicted = simulate(deployment, traffic, calibration=calibration_for(deployment),
                              options=sim_options(deployment)).metrics()
         points.append(_point(plan_path, run_dir, load, traffic, predicted, url, model, exe,
-                             deployment.gpus_used, num_prompts, timeout_s))
+                             deployment.gpus_used, num_prompts, timeout_s, mode="serve"))
     return _write_sweep(SweepReport(str(plan_path), "serve", tuple(loads), tuple(points)),
                         run_dir)
 
@@ -203,7 +203,7 @@ def _alone_points(plan_path: Path, run_dir: Path, loads: Sequence[float], mode_n
         served = served_model(backend.url)
         points = [_point(plan_path, run_dir, load, serve_workload(a.workload), a.predicted,
                          backend.url, served, exe, a.deployment.gpus_used, num_prompts,
-                         timeout_s, keep=mode.metrics)
+                         timeout_s, mode=mode.name, keep=mode.metrics)
                   for load, a in zip(loads, alone, strict=True)]
     finally:
         backend.teardown()
@@ -221,7 +221,7 @@ def _longest(workload: Workload) -> int:
 
 def _point(plan_path: Path, run_dir: Path, load: float, traffic: Workload,
            predicted: dict[str, Any], url: str, model: str, exe: Path, gpus: int,
-           num_prompts: int | None, timeout_s: float | None,
+           num_prompts: int | None, timeout_s: float | None, mode: str,
            keep: tuple[str, ...] | None = None) -> Report:
     settings = bench_settings(traffic, num_prompts)
     folder = run_dir / f"load-{load:g}"
@@ -230,7 +230,8 @@ def _point(plan_path: Path, run_dir: Path, load: float, traffic: Workload,
     if keep is not None:
         rows = tuple(r for r in rows if r.metric in keep)
     return _write_report(Report(plan=str(plan_path), url=url, gpus=gpus, settings=settings,
-                                command=tuple(command), rows=rows, measured=_summary(result)),
+                                command=tuple(command), rows=rows, measured=_summary(result),
+                                mode=mode),
                          folder)
 
 

@@ -45,6 +45,8 @@ def _default_device() -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.from_run is not None:
+        return _from_run(args)
     device = args.device or _default_device()
     if device not in DEFAULT_MODEL:
         raise SpecError(f"--device={device!r} is not one of {', '.join(DEFAULT_MODEL)}")
@@ -76,6 +78,30 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(_brief(manifest, out), indent=2) + "\n")
         return 0
     _print(manifest, out)
+    return 0
+
+
+def _from_run(args: argparse.Namespace) -> int:
+    """calibrate --from-run RUN_DIR --out DIR: the serving latencies of a bench run."""
+    from kernels.from_run import fit_from_run
+
+    if args.out is None:
+        raise SpecError("--from-run needs --out DIR: the calibration folder whose "
+                        "serving_overhead.json gets the fitted latencies")
+    given = [f"--{k.replace('_', '-')}" for k in ("device", "model", "only", "max_seconds",
+                                                  "threads") if getattr(args, k) is not None]
+    if given or args.quick:
+        raise SpecError(f"--from-run fits from a bench run and measures no kernels; it takes "
+                        f"no {(given or ['--quick'])[0]}")
+    out = writable(args.out, "--out", folder=True)
+    fitted = fit_from_run(args.from_run, out)
+    if args.json:
+        sys.stdout.write(json.dumps(fitted, indent=2) + "\n")
+        return 0
+    print(f"fitted from {fitted['run']} (concurrency {fitted['concurrency']}): step overhead "
+          f"{fitted['step_overhead_ms']:.3f} ms, API overhead {fitted['api_overhead_ms']:.3f} ms"
+          + (f", P/D handoff {fitted['handoff_ms']:.3f} ms" if "handoff_ms" in fitted else ""))
+    print(f"written: {fitted['file']} (read by rackplan simulate --calibration {out})")
     return 0
 
 
@@ -121,5 +147,9 @@ def register(sub: Any) -> None:
                         "written and the manifest lists what is unfinished")
     p.add_argument("--threads", type=int,
                    help="torch intra-op threads (default: every core the process may use)")
+    p.add_argument("--from-run", metavar="RUN_DIR",
+                   help="measure no kernels: fit the serving stack's per-step, API and P/D "
+                        "handoff latencies from a `rackplan bench --out RUN_DIR` run into "
+                        "--out DIR's serving_overhead.json")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_calibrate)

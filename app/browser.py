@@ -1,7 +1,8 @@
 """Drive the running UI in a real browser (Playwright with the system's Chromium): start
-`rackplan ui` on a free port, run a what-if simulation and a small search, read what the page
-shows, and take screenshots. Used by tests/app/test_browser.py and by `python -m
-app.screenshots`.
+`rackplan ui` on a free port, run a what-if simulation of DeepSeek-V4-Flash on AgentX sessions,
+a small search over two loads, and the deploy page for each Kubernetes flavor; read what the
+page shows (and whether the results are in the first viewport after a run), and take
+screenshots. Used by tests/app/test_browser.py and by `python -m app.screenshots`.
 
 Chromium is the distribution's (`apt-get install chromium`), found on PATH or named by
 $RACKPLAN_CHROMIUM; Playwright's own browser downloads are never used.
@@ -10,6 +11,7 @@ $RACKPLAN_CHROMIUM; Playwright's own browser downloads are never used.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -117,6 +119,20 @@ def number(page: Page, label: str, value: float) -> None:
     settle(page)
 
 
+def choose_option(page: Page, label: str, option: str) -> None:
+    """Pick `option` in the select box labelled `label`."""
+    page.locator('[data-testid="stSelectbox"]').filter(has_text=label).click()
+    page.get_by_role("option", name=option, exact=True).click()
+    settle(page)
+
+
+def in_view(page: Page, element: Locator) -> bool:
+    """Whether the element lies wholly within the first viewport (the page not scrolled)."""
+    box = element.first.bounding_box()
+    size = page.viewport_size or VIEWPORT
+    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= size["height"]
+
+
 def choose_radio(page: Page, group: str, option: str) -> None:
     """Pick `option` in the radio group labelled `group`."""
     radios = page.locator('[data-testid="stRadio"]').filter(has_text=group)
@@ -130,9 +146,17 @@ class Seen:
 
     cards: dict[str, str] = field(default_factory=dict)
     charts: int = 0
+    whatif_in_view: bool = False
+    """The what-if results' heading and first metric card lay in the first viewport."""
     chosen: str = ""
-    plan_rows: int = 0
-    commands: str = ""
+    search_in_view: bool = False
+    """The search's heading of results and its chosen plan lay in the first viewport."""
+    search_charts: int = 0
+    tables: int = 0
+    reasons: str = ""
+    manifests: dict[str, str] = field(default_factory=dict)
+    """Kubernetes flavor -> the text of its manifests on the deploy page (collapsed ones too)."""
+    zip_button: bool = False
     screenshots: dict[str, Path] = field(default_factory=dict)
 
 
@@ -159,41 +183,48 @@ def _shot(page: Page, seen: Seen, out: Path, name: str, top: Locator,
     seen.screenshots[name] = path
 
 
-def what_if(page: Page, url: str, out: Path, seen: Seen, requests: int = 400) -> None:
-    """Run the default what-if deployment on a small closed-loop workload of varied lengths."""
+def what_if(page: Page, url: str, out: Path, seen: Seen, requests: int = 200) -> None:
+    """Run the DeepSeek-V4-Flash P/D example on AgentX session traffic (enough measured turns
+    for later turn depths to show)."""
     page.goto(url)
     page.get_by_role("heading", name="What-if").wait_for()
     settle(page)
-    number(page, "Concurrency", 64)
+    choose_option(page, "Start from an example deployment", "deepseek-v4-flash-gb300-pd")
+    choose_radio(page, "Traffic", "agentx")
     number(page, "Requests", requests)
-    number(page, "Output tokens", 300)
-    number(page, "Length spread (log-normal sigma; 0: fixed)", 0.6)
     page.get_by_role("button", name="Run simulation").click()
     page.get_by_text("Throughput / GPU").first.wait_for(timeout=RUN_TIMEOUT_MS)
     settle(page)
-    for metric in page.locator('[data-testid="stMetric"]').all():
+    results = page.get_by_role("heading", name="Results")
+    metrics = page.locator('[data-testid="stMetric"]')
+    seen.whatif_in_view = in_view(page, results) and in_view(page, metrics)
+    for metric in metrics.all():
         label = metric.locator('[data-testid="stMetricLabel"]').inner_text().strip()
         seen.cards[label] = metric.locator('[data-testid="stMetricValue"]').inner_text().strip()
     page.locator(".js-plotly-plot").first.wait_for()
     seen.charts = page.locator(".js-plotly-plot").count()
-    results = page.get_by_role("heading", name="Results")
-    tabs = page.locator('[data-testid="stTabs"]')
+    tabs = page.locator('[data-testid="stTabs"]').last
     _shot(page, seen, out, "whatif", results, tabs)
-    for tab in ("Timelines", "Step time", "Experts"):
-        page.get_by_role("tab", name=tab).click()
+    for tab in ("Timelines", "Prefix cache", "Step time", "Experts"):
+        tabs.get_by_role("tab", name=tab).click()
         page.wait_for_timeout(800)
         _shot(page, seen, out, "whatif-" + tab.lower().replace(" ", "-"), tabs)
 
 
-def search(page: Page, out: Path, seen: Seen, trials: int = 20, requests: int = 200) -> None:
+def search(page: Page, out: Path, seen: Seen, trials: int = 12, requests: int = 200,
+           loads: str = "64,256") -> None:
     """Run a small Pareto search from the Search page (the CLI's default model, hardware and
-    AgentX traffic, TTFT SLO only)."""
+    AgentX traffic, TTFT SLO only) over two loads, so that the load curves are drawn."""
     page.get_by_role("link", name="Search").click()
     page.get_by_role("heading", name="Search").wait_for()
     settle(page)
     number(page, "Requests", requests)
     number(page, "tok/s/user p90 at least (0: none)", 0)
     number(page, "Trials", trials)
+    box = page.get_by_label(re.compile("^Search the load too"))
+    box.fill(loads)
+    box.press("Enter")
+    settle(page)
     choose_radio(page, "Objective", "pareto")
     page.get_by_role("button", name="Run search").click()
     alerts = page.locator('[data-testid="stAlert"]')
@@ -201,27 +232,44 @@ def search(page: Page, out: Path, seen: Seen, trials: int = 20, requests: int = 
     done.or_(alerts.filter(has_text="No plan met the SLOs")).first.wait_for(
         timeout=RUN_TIMEOUT_MS)
     settle(page)
-    seen.chosen = done.first.inner_text().strip() if done.count() else ""
-    tables = page.locator('[data-testid="stDataFrame"]')
-    tables.first.wait_for()
-    seen.plan_rows = tables.count()
-    _shot(page, seen, out, "search", page.get_by_role("heading", name="Results"),
+    seen.chosen = (done.first.locator('[data-testid="stMarkdownContainer"]').inner_text()
+                   .strip() if done.count() else "")
+    results = page.get_by_role("heading", name="Results")
+    seen.search_in_view = in_view(page, results) and in_view(page, alerts)
+    seen.search_charts = page.locator(".js-plotly-plot").count()
+    why = page.locator('[data-testid="stExpander"]').filter(
+        has_text="Why the other trials did not become the plan")
+    if why.count():
+        why.first.locator("summary").click()
+        page.wait_for_timeout(500)
+    reasons = (why.first if why.count() else page).locator('[data-testid="stDataFrame"]').first
+    reasons.wait_for()
+    # the grid draws on a canvas; its text is in the accessible table beside it
+    seen.reasons = reasons.text_content() or ""
+    seen.tables = page.locator('[data-testid="stDataFrame"]').count()
+    _shot(page, seen, out, "search", results,
           page.locator('[data-testid="stMainBlockContainer"]'))
 
 
-def deploy(page: Page, out: Path, seen: Seen, target: str = "kubernetes") -> None:
-    """Open the Deploy page with the plan the search chose, rendered for `target`."""
+def deploy(page: Page, out: Path, seen: Seen, flavors: tuple[str, ...] = (
+        "llm-d", "dynamo", "kserve")) -> None:
+    """Open the Deploy page with the plan the search chose, as each Kubernetes flavor's
+    manifests (the screenshot shows the first flavor)."""
     page.get_by_role("link", name="Deploy").click()
     page.get_by_role("heading", name="Deploy").wait_for()
     settle(page)
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Target").click()
-    page.get_by_role("option", name=target, exact=True).click()
-    settle(page)
-    code = page.locator('[data-testid="stCode"]').first
-    code.wait_for()
-    seen.commands = code.inner_text()
-    _shot(page, seen, out, "deploy", page.get_by_role("heading", name="Deploy"),
-          page.locator('[data-testid="stMainBlockContainer"]'))
+    choose_option(page, "Target", "kubernetes")
+    for n, flavor in enumerate(flavors):
+        if n:
+            choose_option(page, "Flavor", flavor)
+        codes = page.locator('[data-testid="stCode"]')
+        codes.first.wait_for()
+        seen.manifests[flavor] = "\n".join(c.text_content() or "" for c in codes.all())
+        if n == 0:
+            seen.zip_button = page.get_by_role(
+                "button", name=re.compile("Download the folder")).count() == 1
+            _shot(page, seen, out, "deploy", page.get_by_role("heading", name="Deploy"),
+                  page.locator('[data-testid="stMainBlockContainer"]'))
 
 
 def tour(url: str, executable: str, out: Path) -> Seen:

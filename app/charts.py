@@ -117,8 +117,9 @@ def cache_figure(view: CacheView) -> go.Figure:
         fig.add_trace(go.Bar(x=depths, y=[view.ttft_by_depth[d].get(stat) for d in depths],
                              name=f"TTFT {stat}", marker_color=color), row=1, col=2)
     fig.update_yaxes(title_text="% of input tokens", row=1, col=1)
+    fig.update_xaxes(tickangle=0, row=1, col=1)
     fig.update_xaxes(title_text="turn depth (turns before it in its agent)", row=1, col=2)
-    return _layout(fig, "Prefix cache and turns")
+    return _layout(fig, "Prefix cache and turns", height=380)
 
 
 def breakdown_figure(steps: Mapping[str, StepView], shares: Mapping[str, float]) -> go.Figure:

@@ -204,9 +204,11 @@ class RoleSeries:
 
 
 def role_series(result: SimResult, points: int = 300) -> dict[str, RoleSeries]:
-    """Per role: its instances' queue and batch summed and KV use averaged on one time grid,
-    so that a role of many instances reads as one line."""
-    grid = np.linspace(0.0, max(result.duration_s, 1e-9), max(points, 2))
+    """Per role: its instances' queue and batch summed and KV use averaged on one time grid
+    (over every step simulated, warmup turns included), so that a role of many instances reads
+    as one line."""
+    ends = [float(t.time[-1]) for t in result.timelines.values() if len(t.time)]
+    grid = np.linspace(0.0, max([*ends, result.duration_s, 1e-9]), max(points, 2))
     out: dict[str, RoleSeries] = {}
     for role in dict.fromkeys(info.role for info in result.instances.values()):
         names = [n for n, info in result.instances.items()
@@ -245,9 +247,9 @@ def cache_view(result: SimResult) -> CacheView:
     m = result.metrics()
     host = result.host_loaded_tokens
     return CacheView(hit_share=float(m.get("cache_hit_share") or 0.0),
-                     tiers={"HBM prefix cache": max(result.cached_input_tokens - host, 0),
-                            "host-memory tier": host,
-                            "computed (uncached)": result.uncached_input_tokens},
+                     tiers={"HBM cache": max(result.cached_input_tokens - host, 0),
+                            "host tier": host,
+                            "computed": result.uncached_input_tokens},
                      ttft_by_depth=dict(m.get("ttft_by_depth_ms") or {}))
 
 

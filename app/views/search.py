@@ -95,7 +95,7 @@ def search(form: Callable[[], SearchForm]) -> None:
 
 TABLE_COLUMNS = {
     "trial": st.column_config.NumberColumn(width="small"),
-    "standing": st.column_config.TextColumn(width="small"),
+    "standing": st.column_config.TextColumn(width="medium"),
     "GPUs": st.column_config.NumberColumn(width="small"),
     "plan": st.column_config.TextColumn(width="large"),
 }

@@ -303,7 +303,8 @@ def test_an_infeasible_summary_names_the_closest_miss() -> None:
     slos = (SLO("tok_s_user_p90", 60.0),)
     o = outcome_of([record(0, 100.0, 50.0, False, 8), record(1, 200.0, 20.0, False, 16)],
                    slos)
-    assert o.summary.best is None and o.summary.closest["number"] == 0
+    assert o.summary.best is None and o.summary.closest is not None
+    assert o.summary.closest["number"] == 0
     assert closest_rows(o.summary) == [{"SLO": "tok_s_user_p90 >= 60", "closest plan": "50.0",
                                         "short by": "17%"}]
     assert not has_points(o.sweep) and not has_points({"curves": [{"points": [

@@ -81,6 +81,18 @@ def test_what_if_of_deepseek_v4_on_agentx_sessions() -> None:
                "cache" in c.value for c in at.caption)
 
 
+def test_a_cancelled_run_says_so_and_keeps_the_page() -> None:
+    """What the Cancel button's callback leaves for the next run of the page (the click itself
+    interrupts the running script, which AppTest cannot do mid-run)."""
+    at = page("what_if")
+    at.session_state["wi_cancelled"] = True
+    at.run()
+    no_problem(at)
+    assert at.info[0].value.startswith("Simulation cancelled")
+    at.run()
+    assert not any(i.value.startswith("Simulation cancelled") for i in at.info)
+
+
 def test_what_if_aggregated_layout() -> None:
     at = page("what_if")
     at.radio(key="wi_layout").set_value("aggregated").run()

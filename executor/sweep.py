@@ -200,9 +200,13 @@ def _alone_points(plan_path: Path, run_dir: Path, loads: Sequence[float], mode_n
     backend = launch_alone(alone[0], model, run_dir / "deploy", base_port=base_port,
                            vllm=exe, ready_timeout_s=ready_timeout_s, room=longest)
     try:
-        served = served_model(backend.url)
+        heads = backend.rendered.router.get("aggregated_urls")
+        # one instance: benched directly, as vLLM's isolated benches are (no router hop, one
+        # process less on the machine); several: through the router, least requests first
+        url = str(heads[0]) if isinstance(heads, list) and len(heads) == 1 else backend.url
+        served = served_model(url)
         points = [_point(plan_path, run_dir, load, serve_workload(a.workload), a.predicted,
-                         backend.url, served, exe, a.deployment.gpus_used, num_prompts,
+                         url, served, exe, a.deployment.gpus_used, num_prompts,
                          timeout_s, mode=mode.name, keep=mode.metrics)
                   for load, a in zip(loads, alone, strict=True)]
     finally:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -26,6 +28,7 @@ from planner.plan import (
     Summary,
     advice,
     build_plan,
+    compare,
     describe,
     summarize,
     why_chosen,
@@ -287,6 +290,25 @@ def compare_rows(a: Mapping[str, Any], b: Mapping[str, Any],
                     f"B: trial {b['number']}": show(vb),
                     "differs": json.dumps(va, sort_keys=True) != json.dumps(vb, sort_keys=True)})
     return out
+
+
+def compare_files(files: list[tuple[str, bytes]], folder: Path) -> list[dict[str, Any]]:
+    """Plan files side by side, exactly as `rackplan compare A.yaml B.yaml ...` reads them
+    (`planner.plan.compare`): one row per compared figure, a column per file, and whether the
+    values differ; SpecError for a file that is not a plan.yaml."""
+    if len(files) < 2:
+        raise SpecError(f"compare needs two plan.yaml files or more, not {len(files)}")
+    folder.mkdir(parents=True, exist_ok=True)
+    paths: list[str | Path] = []
+    for n, (name, data) in enumerate(files):
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(name).stem)[:60] or "plan"
+        path = folder / f"{n}-{stem}.yaml"
+        path.write_bytes(data)
+        paths.append(path)
+    got = compare(paths)
+    heads = [f"{chr(ord('A') + n)}: {name}" for n, (name, _) in enumerate(files)]
+    return [{"": label, **{h: show(v) for h, v in zip(heads, values, strict=True)},
+             "differs": label in got["differences"]} for label, values in got["rows"].items()]
 
 
 def closest_rows(summary: Summary) -> list[dict[str, Any]]:

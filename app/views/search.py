@@ -14,6 +14,7 @@ from app.searching import (
     SearchForm,
     SearchOutcome,
     closest_rows,
+    compare_files,
     compare_rows,
     front_points,
     has_points,
@@ -24,7 +25,14 @@ from app.searching import (
     search_config,
     top_plans,
 )
-from app.widgets import cancelled, errors_shown, model_and_hardware, with_status, workload_input
+from app.widgets import (
+    cancelled,
+    errors_shown,
+    model_and_hardware,
+    session_dir,
+    with_status,
+    workload_input,
+)
 from planner import defaults
 from planner.load import load_text
 from planner.plan import describe
@@ -187,6 +195,18 @@ def results(o: SearchOutcome) -> None:
         st.caption("The chosen plan is ready on the Deploy page.")
 
 
+def compare_uploads() -> None:
+    """`rackplan compare` over plan.yaml files the user uploads."""
+    with st.expander("Compare plan files (rackplan compare)"):
+        files = st.file_uploader("Two plan.yaml files or more", type=["yaml", "yml"],
+                                 accept_multiple_files=True, key=f"{P}_compare_files")
+        if len(files or []) >= 2:
+            with errors_shown():
+                st.dataframe(compare_files([(f.name, f.getvalue()) for f in files],
+                                           session_dir() / "compare"),
+                             hide_index=True, key=f"{P}_compare_table")
+
+
 st.title("Search")
 st.caption("Find the deployments with the most throughput per GPU that meet the SLOs within a "
            "GPU budget (the same search as `rackplan search`); set it up in the sidebar.")
@@ -204,3 +224,4 @@ if "search" in st.session_state:
 else:
     st.info("Set the model, GPU budget, traffic and SLOs in the sidebar and press Run search.",
             icon=":material/info:")
+compare_uploads()

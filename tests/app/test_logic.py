@@ -38,6 +38,7 @@ from app.inputs import (
 from app.searching import (
     SearchForm,
     closest_rows,
+    compare_files,
     compare_rows,
     front_points,
     has_points,
@@ -297,6 +298,20 @@ def test_diff_of_a_pd_and_an_aggregated_plan_puts_the_roles_side_by_side() -> No
     assert per["max_num_seqs"]["A · decode"] == "-"  # the knob not given, not another layout
     common = {r["knob"]: r for r in rows if r["role"] == "all"}
     assert not common["model"]["differs"]
+
+
+def test_compare_files_is_rackplan_compare(tmp_path: Path) -> None:
+    a, b = (ROOT / "examples" / f"tiny-moe-cpu-{x}.yaml" for x in ("agg", "pd"))
+    rows = {r[""]: r for r in compare_files([("agg.yaml", a.read_bytes()),
+                                             ("pd.yaml", b.read_bytes())], tmp_path)}
+    assert rows["deployment"]["A: agg.yaml"].startswith("A 1x")
+    assert rows["deployment"]["B: pd.yaml"].startswith("P ")
+    assert rows["deployment"]["differs"] and not rows["model"]["differs"]
+    with pytest.raises(SpecError, match=r"not a plan\.yaml"):
+        compare_files([("a.yaml", a.read_bytes()), ("d.yaml", EXAMPLE.read_bytes())],
+                      tmp_path)
+    with pytest.raises(SpecError, match=r"two plan\.yaml files or more"):
+        compare_files([("a.yaml", a.read_bytes())], tmp_path)
 
 
 def test_an_infeasible_summary_names_the_closest_miss() -> None:

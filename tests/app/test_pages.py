@@ -17,6 +17,7 @@ from tests.app.fakes import FakeBackend, fake_bench, outcome_of, record
 ROOT = Path(__file__).resolve().parents[2]
 VIEWS = ROOT / "app" / "views"
 EXAMPLE = ROOT / "examples" / "deepseek-v3-h200-pd.yaml"
+AGENTX_TRACE = ROOT / "examples" / "traces" / "agentx-sample.jsonl"
 TIMEOUT = 120
 
 
@@ -91,6 +92,21 @@ def test_a_cancelled_run_says_so_and_keeps_the_page() -> None:
     assert at.info[0].value.startswith("Simulation cancelled")
     at.run()
     assert not any(i.value.startswith("Simulation cancelled") for i in at.info)
+
+
+def test_what_if_replays_uploaded_agentx_traces() -> None:
+    at = page("what_if")
+    at.radio(key="wi_wl_source").set_value("upload a trace").run()
+    at.radio(key="wi_wl_trace_format").set_value("AgentX session traces").run()
+    at.file_uploader(key="wi_wl_trace").upload(
+        "agentx.jsonl", AGENTX_TRACE.read_bytes(), "application/jsonl").run()
+    at.number_input(key="wi_wl_trace_requests").set_value(24)
+    at.number_input(key="wi_wl_trace_sessions").set_value(4)
+    at.button(key="wi_run").click().run()
+    no_problem(at)
+    w = at.session_state["whatif"]
+    assert w.workload.arrival.kind == "sessions" and w.workload.arrival.concurrency == 4
+    assert w.result.completed == 24 and w.cache.hit_share > 0
 
 
 def test_what_if_aggregated_layout() -> None:
@@ -215,6 +231,19 @@ def test_the_diff_of_a_pd_and_an_aggregated_plan() -> None:
     assert list(compared.columns) == ["", "A: trial 0", "B: trial 2", "differs"]
     at.selectbox(key="se_diff_b").set_value(1).run()
     assert set(at.dataframe[2].value.columns) >= {"B · prefill", "B · decode"}
+
+
+def test_compare_uploaded_plans_as_rackplan_compare() -> None:
+    at = page("search")
+    uploader = at.file_uploader(key="se_compare_files")
+    for name in ("tiny-moe-cpu-agg.yaml", "tiny-moe-cpu-pd.yaml"):
+        uploader.upload(name, (ROOT / "examples" / name).read_bytes(), "application/x-yaml")
+    uploader.run()
+    no_problem(at)
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["", "A: tiny-moe-cpu-agg.yaml", "B: tiny-moe-cpu-pd.yaml",
+                                   "differs"]
+    assert table[table[""] == "deployment"]["differs"].iloc[0]
 
 
 def test_search_bad_slo_is_an_error() -> None:

@@ -197,6 +197,8 @@ def weka_req(**over: Any) -> str:
 
 
 NAN, INF = float("nan"), float("inf")
+STEP = ("step", "{tmp}/d.yaml", "--role", "aggregated")
+"""`step` on the tiny deployment's one role."""
 POISSON = {"kind": "poisson", "concurrency": _DROP}
 """The small workload's arrival turned Poisson (add a rate)."""
 
@@ -299,10 +301,10 @@ CASES: tuple[Case, ...] = (
     search("negative/zero", "--seed", "--seed", "-1"),
     search("negative/zero", "-5", "--ttft", "-5"),
     search("negative/zero", "0", "--tpot", "0"),
-    Case("negative/zero", ("step", "{tmp}/d.yaml", "--batch", "0"), "--batch", dep()),
-    Case("negative/zero", ("step", "{tmp}/d.yaml", "--context", "-1"), "--context", dep()),
+    Case("negative/zero", (*STEP, "--batch", "0"), "--batch", dep()),
+    Case("negative/zero", (*STEP, "--context", "-1"), "--context", dep()),
     Case("negative/zero", ("step", "{tmp}/d.yaml", "--cached", "-1"), "--cached", dep()),
-    Case("negative/zero", ("step", "{tmp}/d.yaml", "--ranks-busy", "0"), "--ranks-busy", dep()),
+    Case("negative/zero", (*STEP, "--ranks-busy", "0"), "--ranks-busy", dep()),
     Case("negative/zero", ("validate", "--sample", "-1", "--out", "{tmp}/v.csv"), "--sample"),
     Case("negative/zero", ("validate", "--workers", "0", "--out", "{tmp}/v.csv"), "--workers"),
     Case("negative/zero", ("ui", "--port", "0"), "--port"),
@@ -458,10 +460,10 @@ CASES: tuple[Case, ...] = (
     search("bad flag value", "--gpus", "--gpus", "1000000000"),
     search("bad flag value", "--max-simulations", "--max-simulations", "-3"),
     search("bad flag value", "--workers", "--workers", "4", "--batch", "2"),
-    Case("bad flag value", ("step", "{tmp}/d.yaml", "--batch", "1000000000"), "--batch", dep()),
-    Case("bad flag value", ("step", "{tmp}/d.yaml", "--context", "1000000000000"), "--context",
+    Case("bad flag value", (*STEP, "--batch", "1000000000"), "--batch", dep()),
+    Case("bad flag value", (*STEP, "--context", "1000000000000"), "--context",
          dep()),
-    Case("bad flag value", ("step", "{tmp}/d.yaml", "--role", "aggregated", "--ranks-busy",
+    Case("bad flag value", (*STEP, "--ranks-busy",
                             "99"), "--ranks-busy", dep()),
     Case("bad flag value", ("validate", "--sample", "junk"), "junk"),
     Case("bad flag value", ("validate", "--workers", "100000", "--out", "{tmp}/v.csv"),

@@ -5,11 +5,22 @@ same), and how long 1 and N workers take with an evaluation that sleeps.
 
 Run: .venv/bin/python benchmarks/search_speed.py [--trials 200] [--storage sqlite|journal]
      [--screen] [--workers 4] [--sleep 0.2]
+
+--demo instead runs the default search (`make demo`: `rackplan search` on its built-in defaults,
+one worker) in this process on a fresh storage in a temporary folder, and prints its CPU
+seconds (this process and its children, against the issue's 30 s), the simulations, the CPU
+they took, their engine steps and the share of steps the cost model composed (against 2 %),
+and how many of those steps' signatures were finished from a composed step with another expert
+load. --repeat N runs it N times, each in a fresh process (the step memo and the operation
+prices are per process), and prints each run's figures and the range.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,7 +88,63 @@ def workers(args: argparse.Namespace) -> None:
           f"{best[1] == best[args.workers]}")
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process and of its waited-for children."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def demo_once() -> dict[str, Any]:
+    """The default search in this process: its figures (see the module docstring)."""
+    import simulator.des as des
+    from planner.cli import main as cli
+
+    sims: list[tuple[float, int, int, int]] = []
+    simulate = des.simulate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        start = cpu_s()
+        result = simulate(*args, **kwargs)
+        sims.append((cpu_s() - start, result.steps, result.priced_steps,
+                     getattr(result, "expert_loads", 0)))
+        return result
+
+    des.simulate = counted
+    with tempfile.TemporaryDirectory() as folder:
+        start, wall = cpu_s(), time.perf_counter()
+        cli(["search", "--storage", f"sqlite:///{folder}/demo.db", "--out",
+             f"{folder}/plan.yaml", "--json"])
+        cpu, wall = cpu_s() - start, time.perf_counter() - wall
+    steps = sum(s[1] for s in sims)
+    return {"cpu_s": cpu, "wall_s": wall, "simulations": len(sims),
+            "simulation_cpu_s": sum(s[0] for s in sims), "steps": steps,
+            "composed": sum(s[2] for s in sims), "expert_loads": sum(s[3] for s in sims)}
+
+
+def demo(repeat: int) -> None:
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, __file__, "--demo-once"], check=True,
+                             capture_output=True, text=True).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    for r in runs:
+        print(f"default search: {r['cpu_s']:.1f} CPU s (target 30), {r['wall_s']:.1f} s wall; "
+              f"{r['simulations']} simulations, {r['simulation_cpu_s']:.1f} CPU s "
+              f"({100 * r['simulation_cpu_s'] / r['cpu_s']:.0f} %); {r['steps']:,} steps, "
+              f"{r['composed']:,} composed by the cost model "
+              f"({100 * r['composed'] / max(r['steps'], 1):.2f} %, target 2 %), "
+              f"{r['expert_loads']:,} signatures finished from them")
+    if len(runs) > 1:
+        cpus = [r["cpu_s"] for r in runs]
+        print(f"CPU s over {len(runs)} runs: {min(cpus):.1f}-{max(cpus):.1f}")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--demo-once"]:
+        result = demo_once()
+        print(json.dumps(result))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--storage", choices=["sqlite", "journal"], default="sqlite")
@@ -85,7 +152,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--sleep", type=float, default=0.2,
                         help="seconds per evaluation in the workers comparison")
+    parser.add_argument("--demo", action="store_true",
+                        help="time the default search instead (see above)")
+    parser.add_argument("--repeat", type=int, default=1, help="--demo runs")
     args = parser.parse_args()
+    if args.demo:
+        demo(args.repeat)
+        return
     per_trial(args)
     workers(args)
 

@@ -203,7 +203,9 @@ def headline(requests: int, gpus: int, profile: bool) -> None:
     floor_events, floor_cpu = bare_simpy(first.events)
     m = result.metrics()
     print(f"wall time: {first.wall_s:.2f} s for {m['completed']} requests, {result.steps} engine "
-          f"steps ({result.priced_steps} priced by the cost model); {warm:.2f} s run again in "
+          f"steps ({result.priced_steps} composed by the cost model, "
+          f"{100 * result.priced_steps / max(result.steps, 1):.2f} %; {result.expert_loads} "
+          f"signatures finished from them); {warm:.2f} s run again in "
           "the same process (kernel-table grids already built)")
     target = (f"target <= {HEADLINE_TARGET_CPU_S:.1f} s for {GPU_SERIES_REQUESTS:,} requests on "
               f"{UNIT_GPUS} GPUs")

@@ -76,32 +76,44 @@ class Grid:
     def _query_one(self, point: np.ndarray, roofline: float,
                    exact: bool) -> tuple[np.ndarray, np.ndarray]:
         """`query` for a single point, in plain floats (a step prices one point per
-        operation, and numpy's per-call cost dominates at that size); the same arithmetic."""
-        lo, hi, t = [], [], []
-        outside = False
-        for x, la in zip(np.log(point).tolist(), self._log_axes_lists, strict=True):
+        operation, and numpy's per-call cost dominates at that size); the same arithmetic.
+
+        An axis where the point sits on a grid value (or the axis has one value) weighs its
+        other corners 0 and this one 1, so it only picks the cell: only the other axes'
+        corners are visited, with the same products and sums as visiting all of them."""
+        flat_eff, flat_lat, strides = self._flat
+        base = 0  # flat offset of the axes the point sits on
+        pairs: list[tuple[tuple[int, float], tuple[int, float]]] = []
+        snapped: list[int] = []  # per axis: the offset of the nearer cell, for a measured point
+        outside, on_node = False, True
+        for x, la, st in zip(np.log(point).tolist(), self._log_axes_lists, strides,
+                             strict=True):
             if len(la) == 1:
-                lo.append(0)
-                hi.append(0)
-                t.append(0.0)
                 outside = outside or abs(x - la[0]) > 1e-9
+                snapped.append(0)
                 continue
             h = min(max(bisect.bisect_left(la, x), 1), len(la) - 1)
             tj = (x - la[h - 1]) / (la[h] - la[h - 1])
             outside = outside or tj < -1e-9 or tj > 1 + 1e-9
-            lo.append(h - 1)
-            hi.append(h)
-            t.append(min(max(tj, 0.0), 1.0))
-        flat_eff, flat_lat, strides = self._flat
+            tj = min(max(tj, 0.0), 1.0)
+            on_node = on_node and (tj < 1e-12 or tj > 1 - 1e-12)
+            snapped.append((h if tj > 0.5 else h - 1) * st)
+            if tj == 0.0:
+                base += (h - 1) * st
+            elif tj == 1.0:
+                base += h * st
+            else:
+                pairs.append((((h - 1) * st, 1.0 - tj), (h * st, tj)))
         acc = wsum = 0.0
-        for corner in self._corner_tuples:
+        for corner in product(*pairs):
             w = 1.0
-            for c, tj in zip(corner, t, strict=True):
-                w *= tj if c else 1.0 - tj
+            at = base
+            for off, f in corner:
+                w *= f
+                at += off
             if w <= 0:
                 continue
-            v = flat_eff[sum((h if c else lw) * st for c, h, lw, st in zip(corner, hi, lo, strides,
-                                                                          strict=True))]
+            v = flat_eff[at]
             if v == v:  # not NaN
                 acc += w * v
                 wsum += w
@@ -113,9 +125,8 @@ class Grid:
             log_eff = float(self.log_eff[tuple(c[nearest] for c in self.cells)])
             code = EXTRAPOLATED
         ms = roofline / math.exp(log_eff)
-        if exact and not outside and all(tj < 1e-12 or tj > 1 - 1e-12 for tj in t):
-            lat = flat_lat[sum((h if tj > 0.5 else lw) * st
-                               for tj, h, lw, st in zip(t, hi, lo, strides, strict=True))]
+        if exact and not outside and on_node:
+            lat = flat_lat[sum(snapped)]
             if lat == lat:
                 ms, code = lat, MEASURED
         return np.array([ms]), np.array([code])

@@ -170,7 +170,10 @@ class SimResult:
     steps: int = 0
     """Engine steps simulated over all instances."""
     priced_steps: int = 0
-    """Distinct (rounded) step signatures the cost model priced."""
+    """Distinct (rounded) step rows whose steps the cost model composed."""
+    expert_loads: int = 0
+    """Distinct signatures (rows and most-loaded EP rank) finished from a composed step with
+    one routed-experts price (simulator/des/pricing.py)."""
     dp_wait_ms: float = 0.0
     """GPU-milliseconds DP ranks waited for a busier rank's attention."""
     depth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)

@@ -412,6 +412,7 @@ class _Run:
             instances=dict(self.infos),
             steps=self.recorder.steps,
             priced_steps=sum(p.misses for p in self.pricers.values()),
+            expert_loads=sum(p.expert_loads for p in self.pricers.values()),
             dp_wait_ms=self.recorder.dp_wait_ms,
             depth=t.depth[:n][done],
             session_tok_s=_session_speeds(t, done),

@@ -62,6 +62,23 @@ tokens, batch, context, bytes); every other argument is fixed for a grid. Method
 are passed through to the wrapped calibration."""
 
 
+def _window_only(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """dsv4_module(kind, context, inst, batch, new, past) of a sliding-window-only layer
+    (ratio 0) reads its window whatever the context: dsv4_module clamps `past` to it first, so
+    clamping it here gives the same price and lets every longer context share one point."""
+    kind, inst = args[0], args[2]
+    if getattr(kind, "ratio", None) != 0 or len(args) < 6:
+        return args
+    window = inst.model.sliding_window
+    return (*args[:5], np.minimum(np.asarray(args[5], dtype=float), window))
+
+
+SAME_PRICE: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
+    "dsv4_module": _window_only}
+"""Operation -> its arguments with values it prices alike made equal (what the operation
+itself does first), so that they are one point here."""
+
+
 def _fixed(value: Any) -> Any:
     """A hashable stand-in for a fixed argument, by content (dataclasses by their fields,
     pydantic models by their JSON, dicts sorted)."""
@@ -125,6 +142,9 @@ class CachedCalibration:
     def _price(self, name: str, method: Callable[..., Priced | None],
                varying: tuple[int, ...], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Priced | None:
+        same = SAME_PRICE.get(name)
+        if same is not None:
+            args = same(args)
         fixed = tuple(self._key(a) for i, a in enumerate(args) if i not in varying)
         key = (name, fixed, tuple(sorted((k, _fixed(v)) for k, v in kwargs.items())))
         memo = self._memo.get(key)

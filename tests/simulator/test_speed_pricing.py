@@ -1,12 +1,19 @@
-"""A step composed once and finished per expert load (simulator.cost.step.open_step /
-close_step, as the step memo uses them) is the step priced directly, bit for bit."""
+"""The shortcuts that make pricing cheap give the prices of the slow way, bit for bit: a step
+composed once and finished per expert load (simulator.cost.step.open_step / close_step, as the
+step memo uses them) is the step priced directly, and a single-point grid query that skips the
+corners of the axes it sits on is the sum over all of them."""
 
 from __future__ import annotations
+
+import bisect
+import itertools
+import math
 
 import numpy as np
 import pytest
 
 from simulator.calibration import load_calibration
+from simulator.calibration.grid import EXTRAPOLATED, INTERPOLATED, MEASURED, Grid
 from simulator.cost import Batch, step_time
 from simulator.cost.step import close_step, instance_from_role, most_loaded, open_step
 from simulator.des.pricing import StepPricer, pareto_front, round_bits
@@ -77,3 +84,67 @@ def test_a_front_is_composed_once_for_every_expert_load() -> None:
                            cal)
         assert got.total_ms == direct.total_ms and got.provenance == direct.provenance
     assert pricer.misses == 1 and pricer.expert_loads > 1
+
+
+def _query_all_corners(g: Grid, point: np.ndarray, roofline: float) -> tuple[float, int]:
+    """A single-point grid query that visits every corner of the point's cell (the form
+    `Grid._query_one` had before it skipped the corners of the axes the point sits on)."""
+    lo, hi, t, outside = [], [], [], False
+    for x, la in zip(np.log(point).tolist(), g._log_axes_lists, strict=True):
+        if len(la) == 1:
+            lo.append(0)
+            hi.append(0)
+            t.append(0.0)
+            outside = outside or abs(x - la[0]) > 1e-9
+            continue
+        h = min(max(bisect.bisect_left(la, x), 1), len(la) - 1)
+        tj = (x - la[h - 1]) / (la[h] - la[h - 1])
+        outside = outside or tj < -1e-9 or tj > 1 + 1e-9
+        lo.append(h - 1)
+        hi.append(h)
+        t.append(min(max(tj, 0.0), 1.0))
+    flat_eff, flat_lat, strides = g._flat
+    acc = wsum = 0.0
+    for corner in itertools.product((0, 1), repeat=len(t)):
+        w = 1.0
+        for c, tj in zip(corner, t, strict=True):
+            w *= tj if c else 1.0 - tj
+        if w <= 0:
+            continue
+        v = flat_eff[sum((h if c else lw) * st
+                         for c, h, lw, st in zip(corner, hi, lo, strides, strict=True))]
+        if v == v:
+            acc += w * v
+            wsum += w
+    if wsum <= 1e-12:
+        return float("nan"), -1  # the nearest-cell fallback: the same code path either way
+    ms, code = roofline / math.exp(acc / wsum), EXTRAPOLATED if outside else INTERPOLATED
+    if not outside and all(tj < 1e-12 or tj > 1 - 1e-12 for tj in t):
+        lat = flat_lat[sum((h if tj > 0.5 else lw) * st
+                           for tj, h, lw, st in zip(t, hi, lo, strides, strict=True))]
+        if lat == lat:
+            ms, code = lat, MEASURED
+    return ms, code
+
+
+def test_a_single_point_grid_query_is_the_all_corners_sum_bit_for_bit() -> None:
+    rng = np.random.default_rng(4)
+    axes = (np.array([1.0, 2.0, 8.0, 64.0]), np.array([16.0, 128.0, 1024.0]), np.array([8.0]))
+    shape = tuple(len(a) for a in axes)
+    latency = np.exp(rng.normal(size=shape))
+    latency[rng.random(shape) < 0.2] = np.nan  # unmeasured cells
+    pts = np.stack([g.ravel() for g in np.meshgrid(*axes, indexing="ij")], axis=1)
+    keep = ~np.isnan(latency.ravel())
+    grid = Grid.build(pts[keep], latency.ravel()[keep], np.ones(int(keep.sum())))
+    checked = 0
+    for _ in range(400):
+        point = np.array([rng.choice(ax) if rng.random() < 0.4 else
+                          np.exp(rng.uniform(np.log(ax[0]) - 0.5, np.log(ax[-1]) + 0.5))
+                          for ax in axes])
+        want = _query_all_corners(grid, point, 0.7)
+        if want[1] < 0:
+            continue
+        ms, code = grid._query_one(point, 0.7, True)
+        assert (float(ms[0]), int(code[0])) == want, point
+        checked += 1
+    assert checked > 300

@@ -288,20 +288,21 @@ def test_bench_runs_against_the_local_router_and_prints_predicted_vs_measured(
         def table(self):
             return "metric  predicted  measured"
 
-    def run_bench(plan_path, url, run_dir, repredict=False):
-        seen.update(plan=plan_path, url=url, run_dir=run_dir, repredict=repredict)
+    def run_bench(plan_path, url, run_dir, repredict=False, num_prompts=None):
+        seen.update(plan=plan_path, url=url, run_dir=run_dir, repredict=repredict,
+                    num_prompts=num_prompts)
         return Report()
 
     monkeypatch.setitem(sys.modules, "executor.bench",
                         types.SimpleNamespace(run_bench=run_bench))
     assert main(["bench", str(PD), "--out", str(tmp_path / "b")]) == 0
     assert seen == {"plan": PD, "url": "http://127.0.0.1:8099", "run_dir": tmp_path / "b",
-                    "repredict": False}
+                    "repredict": False, "num_prompts": None}
     assert capsys.readouterr().out == (f"prediction: the plan's own\n"
                                        f"metric  predicted  measured\nreport: {tmp_path}/"
                                        f"report.json\nreport: {tmp_path}/report.md\n")
-    assert main(["bench", str(PD), "--url", "http://127.0.0.2:8000"]) == 0
-    assert seen["url"] == "http://127.0.0.2:8000"
+    assert main(["bench", str(PD), "--url", "http://127.0.0.2:8000", "--num-prompts", "5"]) == 0
+    assert seen["url"] == "http://127.0.0.2:8000" and seen["num_prompts"] == 5
     assert seen["run_dir"] == Path("runs") / "bench-deepseek-v3-h200-pd"
 
 

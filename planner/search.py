@@ -46,18 +46,14 @@ sees any of this: its trials are the same as before.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
-import multiprocessing
-import os
 import random
 import signal
-import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +85,7 @@ from simulator.specs.deployment import Deployment
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import dump_deployment, dump_workload
 from simulator.specs.workload import Workload
+from simulator.workers import stop_pool, worker_pool
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 REJECTED_VIOLATION = 1e3
@@ -97,9 +94,6 @@ Progress = Callable[[int, list[FrozenTrial]], None]
 """Called after each trial with the finished count and the finished trials."""
 WAIT_S = 1.0
 """Seconds between two looks at trials other searches run, once a search's budget is taken."""
-PR_SET_PDEATHSIG = 1
-"""Linux prctl option: the signal a process gets when its parent dies."""
-
 
 class Guard:
     """A search's ^C: raised at once while the search waits for evaluations (or runs one), and
@@ -800,51 +794,3 @@ def run_search(config: SearchConfig, evaluate: Evaluate | None = None,
             if pool is not None:
                 stop_pool(pool, kill=not done)
     return loop.study
-
-
-def worker_pool(workers: int) -> ProcessPoolExecutor:
-    """`workers` spawned processes for the rounds' evaluations. They ignore SIGINT (a ^C at a
-    terminal reaches the whole process group; the search answers it, once) and die with this
-    process: they are started here, SIGINT blocked meanwhile — a mask they inherit, so not even
-    their start-up sees one; a ^C here waits until they are started."""
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_start, initargs=(os.getpid(),))
-    mask = hasattr(signal, "pthread_sigmask")
-    if mask:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        for _ in range(workers):  # a process each: none is idle yet to take a task
-            pool.submit(os.getpid)
-    finally:
-        if mask:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    return pool
-
-
-def stop_pool(pool: ProcessPoolExecutor, kill: bool = False) -> None:
-    """Shut the pool down; with `kill` (the search was interrupted) its processes are killed
-    first, their evaluations not awaited."""
-    if kill:
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            if process.is_alive():
-                process.kill()
-    pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _worker_start(parent: int) -> None:
-    """A worker's set-up: SIGINT ignored, and death with the parent — at once on Linux
-    (PR_SET_PDEATHSIG), elsewhere within a second (a thread watching the parent's id)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before that took hold
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent,), name="rackplan-parent",
-                     daemon=True).start()
-
-
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(1)

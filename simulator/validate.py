@@ -18,7 +18,6 @@ import csv
 import json
 import math
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -37,6 +36,7 @@ from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.errors import SpecError
 from simulator.specs.model import load_model
 from simulator.specs.workload import Workload
+from simulator.workers import stop_pool, worker_pool
 
 SYSTEMS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300",
            "gb200": "gb200", "gb300": "gb300"}
@@ -281,10 +281,14 @@ def validate(rows: pd.DataFrame, predictor: Predictor = default_predictor,
     try:
         if progress and done:
             progress(len(out), total)
-        if workers > 1:
-            with ProcessPoolExecutor(workers) as pool:
+        if workers > 1:  # processes that die with this one and leave ^C to it
+            pool, finished = worker_pool(workers), False
+            try:
                 for rec in pool.map(predict_row, items, chunksize=4):
                     keep(rec)
+                finished = True
+            finally:
+                stop_pool(pool, kill=not finished)
         else:
             for row in items:
                 keep(predict_row(row, predictor))

@@ -2,6 +2,11 @@
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -120,3 +125,43 @@ def test_a_killed_validate_resumes_without_redoing_rows(rows, tmp_path):
     redone = len(calls) - before
     assert redone == int(df[~df.id.isin(kept.id)].covered.sum())  # only the unfinished rows
     assert df.set_index("id").loc[kept.id, "covered"].tolist() == kept.covered.tolist()
+
+
+def test_a_sigkilled_validate_leaves_no_worker_behind(tmp_path):
+    """Its worker processes die with it (they used to keep running, hundreds with --workers
+    100000), and ^C is the parent's alone."""
+    def children(pid: int) -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if entry.name.isdigit() and int(fields[1]) == pid and fields[0] not in "ZX":
+                found.append(int(entry.name))
+        return found
+
+    proc = subprocess.Popen([sys.executable, "-m", "planner.cli", "validate", "--sample", "300",
+                             "--workers", "2", "--out", str(tmp_path / "v.csv")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=Path(__file__).resolve().parents[2])
+    end = time.monotonic() + 120
+    while len(children(proc.pid)) < 2:  # the two workers (and the resource tracker)
+        assert proc.poll() is None and time.monotonic() < end, "no workers started"
+        time.sleep(0.2)
+    workers = children(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    end = time.monotonic() + 60
+    while any(_alive(pid) for pid in workers):
+        assert time.monotonic() < end, f"workers {workers} outlived their parent"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] not in "ZX"

@@ -437,6 +437,13 @@ def read_result(path: Path) -> dict[str, Any]:
         raise SpecError(f"result file {path} holds no benchmark result; expected the JSON of "
                         "`vllm bench serve --save-result` (completed, p90_ttft_ms, ...) or "
                         "aiperf's profile_export_aiperf.json")
+    for key in (*RESULT_KEYS, "failed", "output_throughput", "total_token_throughput"):
+        value = data.get(key)
+        if key in data and value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or value < 0):
+            raise SpecError(f"result file {path}: {key}={value!r} is not a number >= 0; the "
+                            "benchmark's figures must be numbers")
     return data
 
 

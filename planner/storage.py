@@ -75,8 +75,12 @@ def open_storage(url: str) -> BaseStorage:
         return _Journal(JournalFileBackend(str(path)))
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if str(path) not in ("", ":memory:"):
+        raw = url[len("sqlite:///"):]
+        if not raw:
+            raise SpecError(f"--storage {url!r} names no file; use sqlite:///PATH (or "
+                            "sqlite:///:memory: for a study that is not kept)")
+        path = Path(raw)
+        if raw != ":memory:":
             writable(path, "--storage").parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     elif "://" not in url:

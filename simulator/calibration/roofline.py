@@ -127,6 +127,13 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
     is the sum of the projection and indexer time (weights' dtype) and the attention core
     (bf16); memory is weights + the entries each request reads + the query/output activations.
     """
+    point = (batch, new, past, params, heads)
+    if all(np.size(v) == 1 for v in point):
+        shape = max((np.shape(v) for v in point), key=len)
+        b1, n1, p1, w1, h1 = (float(np.asarray(v, dtype=float).ravel()[0]) for v in point)
+        return np.full(shape, _sparse_attention_one(
+            hw, b1, n1, p1, w1, h1, qk_dim, v_dim, window, ratio, topk, index_heads, index_dim,
+            entry_bytes, index_bytes, weights))
     batch, new, past = (np.asarray(v, dtype=float) for v in (batch, new, past))
     tokens = batch * new
     seen = past + np.where(new > 1, (new + 1) / 2, new)  # mean context of a new token
@@ -149,6 +156,38 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
     nbytes = (params * DTYPE_BYTES[weights] + batch * (reads * entry_bytes + keys)
               + tokens * heads * v_dim * 2 * 2)
     return np.maximum(compute, nbytes / hw.hbm_bytes_s) * 1e3
+
+
+def _sparse_attention_one(hw: HardwareSpec, batch: float, new: float, past: float,
+                          params: float, heads: float, qk_dim: float, v_dim: float,
+                          window: int, ratio: int, topk: int, index_heads: int,
+                          index_dim: int, entry_bytes: float, index_bytes: float,
+                          weights: str) -> float:
+    """`sparse_attention` of one point in plain floats (a step prices one or two points, and
+    numpy's per-call cost dominates at that size): the same operations in the same order."""
+    tokens = batch * new
+    seen = past + ((new + 1) / 2 if new > 1 else new)
+    end = past + new
+
+    def entries(c: float) -> float:
+        raw = min(c, window) if window else 0.0
+        if not ratio:
+            return raw
+        comp = c / ratio
+        return raw + (min(comp, topk) if topk else comp)
+
+    core = tokens * 2 * heads * (qk_dim + v_dim) * entries(seen)
+    indexer = tokens * 2 * index_heads * index_dim * seen / max(ratio, 1) if topk else 0.0
+    compute = ((2 * tokens * params + indexer) / hw.peak_flops(weights)
+               + core / hw.peak_flops("bf16"))
+    if new > 1:
+        reads = (min(end, window) if window else 0.0) + (end / ratio if ratio else 0.0)
+    else:
+        reads = entries(end)
+    keys = end / max(ratio, 1) * index_bytes if topk else 0.0
+    nbytes = (params * DTYPE_BYTES[weights] + batch * (reads * entry_bytes + keys)
+              + tokens * heads * v_dim * 2 * 2)
+    return max(compute, nbytes / hw.hbm_bytes_s) * 1e3
 
 
 def mhc(hw: HardwareSpec, tokens: ArrayLike, hidden: ArrayLike, streams: ArrayLike,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from simulator.calibration import load_calibration
+from simulator.calibration import roofline as rf
 from simulator.calibration.grid import EXTRAPOLATED, INTERPOLATED, MEASURED, Grid
 from simulator.cost import Batch, step_time
 from simulator.cost.step import close_step, instance_from_role, most_loaded, open_step
@@ -148,3 +149,28 @@ def test_a_single_point_grid_query_is_the_all_corners_sum_bit_for_bit() -> None:
         assert (float(ms[0]), int(code[0])) == want, point
         checked += 1
     assert checked > 300
+
+
+def test_the_one_point_sparse_attention_roofline_is_the_array_one_bit_for_bit() -> None:
+    rng = np.random.default_rng(5)
+    for name in ("gb300", "h200"):
+        hw = load_hardware(name)
+        for _ in range(500):
+            kw = dict(qk_dim=float(rng.choice([0, 576])), v_dim=float(rng.choice([0, 512])),
+                      window=int(rng.choice([0, 128])), ratio=int(rng.choice([0, 1, 4, 128])),
+                      topk=int(rng.choice([0, 512])), index_heads=int(rng.choice([0, 64])),
+                      index_dim=int(rng.choice([0, 128])),
+                      entry_bytes=float(rng.choice([0.0, 584.0])),
+                      index_bytes=float(rng.choice([0.0, 132.0])),
+                      weights=str(rng.choice(["fp8", "bf16"])))
+            params = float(rng.choice([0.0, rng.uniform(1e6, 1e9)]))
+            heads = float(rng.choice([0, 8, 128]))
+            b, n = float(rng.integers(1, 300)), float(rng.choice([1, rng.integers(1, 20000)]))
+            p = float(rng.choice([0.0, np.exp(rng.uniform(0, 14))]))
+            one = rf.sparse_attention(hw, np.array([b]), np.array([n]), np.array([p]),
+                                      params=params, heads=heads, **kw)
+            two = rf.sparse_attention(hw, np.full(2, b), np.full(2, n), np.full(2, p),
+                                      params=params, heads=heads, **kw)
+            assert one.shape == (1,) and one[0] == two[0] == two[1]
+            assert rf.sparse_attention(hw, b, n, p, params=params, heads=heads,
+                                       **kw).shape == ()

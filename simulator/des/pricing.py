@@ -141,14 +141,14 @@ class StepPricer:
         """The StepTime of one step; arrays have one entry per DP rank (expert_tokens per EP
         rank, most-loaded first, or None when the instance has no expert parallelism)."""
         self.calls += 1
-        rounded = round_bits(np.array([decode_requests, decode_context, prefill_tokens,
-                                       prefill_requests, prefill_context]), self.bits).T
+        columns = round_bits(np.array([decode_requests, decode_context, prefill_tokens,
+                                       prefill_requests, prefill_context]), self.bits)
         top = 0.0 if expert_tokens is None else round_bits(float(expert_tokens[0]), self.bits)
-        seen = (rounded.tobytes(), top)  # the rows as they are: most steps repeat the last
+        seen = (columns.tobytes(), top)  # the rows as they are: most steps repeat the last
         hit = self._rows.get(seen)
         if hit is not None:
             return hit
-        rows = pareto_front(rounded)
+        rows = pareto_front(columns.T)
         front = rows.tobytes()
         key = (front, top)
         hit = self._memo.get(key)

@@ -222,11 +222,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from planner.evaluate import sim_options
     from planner.plan import load_plan_or_deployment
     from simulator.des import SimOptions, simulate
+    from simulator.specs.deployment import check_against_model
+    from simulator.specs.fits import check_fits_context
+    from simulator.specs.hardware import load_hardware
     from simulator.specs.loading import load_workload
+    from simulator.specs.model import load_model
     from simulator.specs.workload import Workload
 
     deployment, planned = load_plan_or_deployment(args.deployment)
     workload = load_workload(Path(args.workload)) if args.workload else planned or Workload()
+    if args.workload or planned:  # the built-in default is not the user's; check theirs
+        model = load_model(deployment.model)
+        load_hardware(deployment.hardware)  # the deployment's own errors come first
+        check_against_model(deployment, model)
+        check_fits_context(workload, model)
     options = SimOptions() if args.engine_only else sim_options(deployment)
     with _progress("simulating", total=1.0) as advance:
         result = simulate(deployment, workload, progress=advance, options=options)
@@ -391,6 +400,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         slos=slos, objective=objective, trials=args.trials, seed=args.seed,
         storage=args.storage, study=args.study, batch=args.batch, workers=args.workers,
         screen=not args.no_screen, max_simulations=args.max_simulations, loads=loads)
+    from simulator.specs.fits import check_fits_context
+    from simulator.specs.model import load_model
+
+    check_fits_context(workload, load_model(config.space.model))
     with _search_progress(config.trials) as update:
         study = run_search(config, progress=lambda n, trials: update(
             n, _best_text(summarize(records(trials), config.slos, config.objective))))

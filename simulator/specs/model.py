@@ -114,6 +114,10 @@ class ModelSpec(BaseModel):
     """Intermediate size of one expert."""
     mtp_layers: int = Field(0, ge=0)
     """Multi-token-prediction layers usable as a speculative draft."""
+    context_length: int | None = Field(None, ge=1)
+    """Longest sequence (prompt and output) the model takes, as vLLM derives it from the
+    config: max_position_embeddings, scaled by a rope_scaling factor (a YaRN one scales
+    original_max_position_embeddings); None when the config does not say."""
     hash_layers: int = Field(0, ge=0)
     """V4: first MoE layers that route each token by a hash of its id (balanced by
     construction, no learned popularity)."""
@@ -335,6 +339,7 @@ CONFIG_FIELDS: dict[str, FieldKind] = {
     "num_local_experts": EXPERTS, "n_shared_experts": EXPERTS, "num_experts_per_tok": EXPERTS,
     "experts_per_token": EXPERTS, "index_topk": SELECTED, "index_head_dim": WIDTH,
     "index_n_heads": HEADS, "sliding_window": TOKENS, "use_sliding_window": BOOL,
+    "max_position_embeddings": _ints(1, 1 << 30),  # most: V4's 1,048,576 after its YaRN factor
     "layer_types": STRINGS, "mlp_only_layers": _list_of(_ints(0, 4095)),
     "compress_ratios": _list_of(_ints(0, 1 << 20)), "hc_mult": _ints(1, 1024),
     "hc_sinkhorn_iters": SMALL, "linear_num_key_heads": HEADS, "linear_key_head_dim": WIDTH,
@@ -583,10 +588,38 @@ def model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
         raise SpecError(f"{name}: architecture {arch!r} is not supported{why}; supported: "
                         f"{', '.join(BUILDERS)}")
     try:
-        return BUILDERS[arch](name, arch, _checked(name, cfg))
+        checked = _checked(name, cfg)
+        spec = BUILDERS[arch](name, arch, checked)
     except KeyError as e:
         raise SpecError(f"{name}: config.json lacks the key {e.args[0]!r} that {arch} needs") \
             from None
+    return spec.model_copy(update={"context_length": _context_length(name, checked)})
+
+
+NO_ROPE_LENGTH = ("su", "longrope", "llama3", "default", "mrope")
+"""rope_scaling types whose factor does not lengthen the context (vLLM's
+_get_and_verify_max_len leaves them out)."""
+
+
+def _context_length(name: str, cfg: dict[str, Any]) -> int | None:
+    """max_position_embeddings, scaled as vLLM scales it by the config's rope_scaling."""
+    length = cfg.get("max_position_embeddings")
+    if length is None:
+        return None
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = scaling.get("factor")
+    if factor is None or kind in NO_ROPE_LENGTH:
+        return int(length)
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or \
+            not 1 <= factor <= 1024:
+        raise SpecError(f"{name}: config.json has rope_scaling.factor={_show(factor)}; it must "
+                        "be a number from 1 to 1024")
+    base = scaling.get("original_max_position_embeddings") if kind == "yarn" else None
+    if base is not None and (type(base) is not int or not 1 <= base <= 1 << 30):
+        raise SpecError(f"{name}: config.json has rope_scaling.original_max_position_embeddings"
+                        f"={_show(base)}; it must be an integer from 1 to {1 << 30:,}")
+    return int((base or length) * factor)
 
 
 def preset_names() -> list[str]:

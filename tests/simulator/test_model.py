@@ -168,3 +168,22 @@ def test_hugging_face_ids_resolve_offline(tmp_path, monkeypatch):
     with pytest.raises(SpecError, match=r"'acme/Missing'.*Hugging Face cache .*hub"):
         load_model("acme/Missing")
     load_model.cache_clear()
+
+
+@pytest.mark.parametrize(("preset", "window"), [
+    ("deepseek-v3", 163_840),          # max_position_embeddings (the preset has no rope_scaling)
+    ("deepseek-v4-flash", 1_048_576),  # YaRN: original_max_position_embeddings 65,536 x 16
+    ("gpt-oss-120b", 131_072),
+    ("qwen3-235b-a22b", 40_960),
+    ("tiny-moe", 2_048),
+])
+def test_the_context_window_is_the_one_vllm_derives(preset, window):
+    assert load_model(preset).context_length == window
+
+
+def test_a_bad_rope_factor_is_named():
+    text = resources.files("simulator.specs").joinpath(f"{PRESET_DIR}/deepseek-v3.json")
+    cfg = json.loads(text.read_text())
+    cfg["rope_scaling"] = {"type": "yarn", "factor": "forty"}
+    with pytest.raises(SpecError, match=r"rope_scaling.factor='forty'; it must be a number"):
+        model_from_config("m", cfg)

@@ -311,17 +311,13 @@ def _launch(backend: Backend, timeout_s: float, restarts: int = 0) -> int:
     Teardown on any failure and on the stop."""
     previous, ignored = _stop_handlers()
     try:
-        for name in ignored:
-            print(f"rackplan: note: {name} is ignored by this process (as it was started); "
-                  f"stop the deployment with SIGTERM or `rackplan deploy --stop "
-                  f"{backend.run_dir}`", file=sys.stderr)
-        return _serve(backend, timeout_s, restarts)
+        return _serve(backend, timeout_s, restarts, ignored)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _serve(backend: Backend, timeout_s: float, restarts: int) -> int:
+def _serve(backend: Backend, timeout_s: float, restarts: int, ignored: list[str]) -> int:
     ready = False
     try:
         backend.launch()  # each backend writes its files first
@@ -331,8 +327,13 @@ def _serve(backend: Backend, timeout_s: float, restarts: int) -> int:
         if not backend.foreground:
             print(f"running on {backend.name}; files in {backend.run_dir}", file=sys.stderr)
             return 0
-        print(f"serving; press Ctrl-C or send SIGTERM to stop (status: rackplan deploy "
-              f"--status {backend.run_dir})", file=sys.stderr, flush=True)
+        how = "send SIGTERM" if "SIGINT" in ignored else "press Ctrl-C or send SIGTERM"
+        print(f"serving; {how} to stop (status: rackplan deploy --status {backend.run_dir})",
+              file=sys.stderr, flush=True)
+        if "SIGINT" in ignored:  # a background job's: kept, and said
+            print(f"rackplan: note: SIGINT is ignored by this process (as it was started); "
+                  f"stop the deployment with SIGTERM or `rackplan deploy --stop "
+                  f"{backend.run_dir}`", file=sys.stderr, flush=True)
         backend.supervise(restarts, timeout_s, _say)
         raise LaunchError("the deployment's supervisor returned")  # it only ever raises
     except LaunchError as e:

@@ -285,8 +285,9 @@ def test_an_inherited_ignored_sigint_stays_ignored_and_is_said(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0
-    assert err.startswith("rackplan: note: SIGINT is ignored by this process (as it was "
-                          f"started); stop the deployment with SIGTERM or `rackplan deploy "
+    assert err.startswith(f"serving; send SIGTERM to stop (status: rackplan deploy --status "
+                          f"{run})\nrackplan: note: SIGINT is ignored by this process (as it "
+                          f"was started); stop the deployment with SIGTERM or `rackplan deploy "
                           f"--stop {run}`\n")
     assert "rackplan: SIGTERM: stopping" in err and none_left(run)
 

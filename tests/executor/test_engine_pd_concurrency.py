@@ -100,7 +100,9 @@ def test_32_concurrent_new_prompts_are_all_answered_and_every_instance_survives(
     for _, headers, raw in answers:
         body = json.loads(raw)
         assert headers["x-rackplan-decode"] == "decode-0"
-        assert body["choices"][0]["text"] and body["usage"]["completion_tokens"] == MAX_TOKENS
+        # four tokens of a random-weight model may decode to blanks: the count is the proof
+        assert isinstance(body["choices"][0]["text"], str)
+        assert body["usage"]["completion_tokens"] == MAX_TOKENS
     assert backend.alive() == backend.launched, "an instance died under the load"
     assert post(backend.url + "/v1/completions",  # and it still serves
                 {"model": model, "prompt": "after the batch", "max_tokens": 1})[0] == 200

@@ -57,6 +57,21 @@ def none_left(run_dir: Path) -> bool:
     return not any(group_members(g) for g in groups(run_dir))
 
 
+STARTED: list[subprocess.Popen[str]] = []
+"""Programs a test started that may outlive a failed assertion."""
+
+
+@pytest.fixture(autouse=True)
+def nothing_outlives_a_test() -> Iterator[None]:
+    """A program a failed test left running is SIGKILLed (its watchdog ends its deployment)."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture
 def ready_agg(tmp_path: Path) -> Iterator[LocalBackend]:
     b = backend(tmp_path)
@@ -179,6 +194,7 @@ def launched_elsewhere(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
                              vllm=str(fake_vllm(tmp_path)))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             cwd=ROOT)
+    STARTED.append(proc)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     assert all(group_members(g) for g in groups(run))
@@ -260,6 +276,7 @@ def deploy_cli(tmp_path: Path, *extra: str, ignore: tuple[int, ...] = ()
          *extra],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=start,
         env={**os.environ, local.ENGINE_VENV_VAR: str(engine_venv(tmp_path))})
+    STARTED.append(proc)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line == f"router: http://127.0.0.1:{base - 1}\n", proc.communicate()[1]

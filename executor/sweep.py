@@ -13,7 +13,6 @@ per-point relative errors (sweep.json, sweep.md, and a chart when asked).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,17 +44,9 @@ CURVE_METRICS = ("ttft_ms.p50", "tpot_ms.p50", "itl_ms.p50", "output_throughput_
 
 def parse_loads(text: str) -> tuple[float, ...]:
     """'1,4,16' -> (1.0, 4.0, 16.0): positive, finite, distinct, at most MAX_POINTS."""
-    loads = []
-    for word in text.split(","):
-        try:
-            value = float(word)
-        except ValueError:
-            raise SpecError(f"--sweep {text!r}: {word.strip()!r} is not a number; give loads "
-                            "like 1,4,16") from None
-        if not (math.isfinite(value) and value > 0):
-            raise SpecError(f"--sweep {text!r}: {word.strip()!r} must be a positive, finite "
-                            "load")
-        loads.append(value)
+    from planner.load import positive_numbers
+
+    loads = positive_numbers("--sweep", text, "loads like 1,4,16", ", finite load")
     if len(set(loads)) != len(loads):
         raise SpecError(f"--sweep {text!r} repeats a load")
     if len(loads) > MAX_POINTS:

@@ -62,6 +62,23 @@ def offered(workload: Workload) -> float:
     return float(getattr(workload.arrival, load_kind(workload).field))
 
 
+def positive_numbers(flag: str, text: str, hint: str, what: str) -> list[float]:
+    """The comma list `text` of a flag as positive, finite numbers, in its order; SpecError
+    naming the flag and the bad entry (`hint`: what to give instead; `what`: how a valid
+    entry reads after "must be a positive")."""
+    values = []
+    for part in text.split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            raise SpecError(f"{flag} {text!r}: {part.strip()!r} is not a number; give "
+                            f"{hint}") from None
+        if not math.isfinite(v) or v <= 0:
+            raise SpecError(f"{flag} {text!r}: {part.strip()!r} must be a positive{what}")
+        values.append(v)
+    return values
+
+
 def ladder(workload: Workload, text: str) -> tuple[float, ...]:
     """The loads `--loads TEXT` asks for, ascending: ``auto`` (the workload's own load times
     2, 1, 1/2 ... down `AUTO_STEPS` halvings, whole where the knob is) or a comma list of
@@ -71,17 +88,8 @@ def ladder(workload: Workload, text: str) -> tuple[float, ...]:
         own = offered(workload)
         values = [own * 2.0 ** (1 - k) for k in range(AUTO_STEPS)]
     else:
-        values = []
-        for part in text.split(","):
-            try:
-                v = float(part)
-            except ValueError:
-                raise SpecError(f"--loads {text!r}: {part.strip()!r} is not a number; give "
-                                "'auto' or a comma list such as 8,16,32") from None
-            if not math.isfinite(v) or v <= 0:
-                raise SpecError(f"--loads {text!r}: {part.strip()!r} must be a positive "
-                                f"number of {kind.unit}")
-            values.append(v)
+        values = positive_numbers("--loads", text, "'auto' or a comma list such as 8,16,32",
+                                  f" number of {kind.unit}")
     if kind.integer:
         values = [float(max(round(v), 1)) for v in values]
         bad = [v for v in values if v > 1_000_000]

@@ -45,7 +45,7 @@ from executor.backends.procs import (
     port_holder,
     started,
 )
-from executor.backends.runs import PIDS_FILE, end_groups, remove_inside, write_run
+from executor.backends.runs import PIDS_FILE, end_groups, health, remove_inside, write_run
 from executor.records import LaunchRecord, Rendered
 from executor.render import render
 from simulator.specs.deployment import Deployment
@@ -532,7 +532,7 @@ class LocalBackend(Backend):
         for r in self.launched:
             if r.port is None:
                 continue
-            if _health(r.port, any_status=r.instance == PROXY):
+            if health(r.port, HEALTH_TIMEOUT_S, any_status=r.instance == PROXY):
                 misses.pop(r.instance, None)
                 continue
             misses[r.instance] = misses.get(r.instance, 0) + 1
@@ -627,18 +627,6 @@ def _host(r: Launched) -> str:
 
 def _to_stderr(line: str) -> None:
     print(f"rackplan: {line}", file=sys.stderr, flush=True)
-
-
-def _health(port: int, any_status: bool = False) -> bool:
-    """Whether 127.0.0.1:`port` answers GET /health: with 200, or (`any_status`) at all."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
-                                    timeout=HEALTH_TIMEOUT_S) as resp:
-            return bool(resp.status == 200 or any_status)
-    except urllib.error.HTTPError:
-        return any_status
-    except (OSError, ValueError):
-        return False
 
 
 def _storage_path(value: object) -> str | None:

@@ -186,10 +186,12 @@ def status_rows(run_dir: Path) -> list[Status]:
     return out
 
 
-def health(port: int, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
-    """Whether 127.0.0.1:`port` answers GET /health with 200."""
+def health(port: int, timeout_s: float = HEALTH_TIMEOUT_S, any_status: bool = False) -> bool:
+    """Whether 127.0.0.1:`port` answers GET /health: with 200, or (`any_status`) at all."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout_s) as r:
-            return bool(r.status == 200)
-    except (OSError, ValueError, urllib.error.URLError):
+            return bool(r.status == 200 or any_status)
+    except urllib.error.HTTPError:
+        return any_status
+    except (OSError, ValueError):
         return False

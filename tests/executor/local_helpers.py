@@ -54,6 +54,14 @@ def fake_vllm(tmp: Path) -> Path:
     return exe
 
 
+def engine_venv(tmp: Path) -> Path:
+    """An engine environment (what $RACKPLAN_ENGINE_VENV names) whose `vllm` is the fake."""
+    venv = tmp / "engine"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "vllm").symlink_to(fake_vllm(tmp))
+    return venv
+
+
 def with_flag(rendered: Rendered, instance: str, flag: str) -> Rendered:
     """The rendering with one extra switch for every process of one instance."""
     procs = tuple(p if p.instance != instance else replace(p, flags=(*p.flags, (flag, None)))

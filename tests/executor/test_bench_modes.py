@@ -26,7 +26,7 @@ from executor.sweep import parse_loads
 from simulator.specs.errors import SpecError
 from simulator.specs.workload import Workload
 from tests.executor.fake_vllm import BENCH_RESULT
-from tests.executor.local_helpers import TINY_AGG, TINY_PD, fake_vllm, plan_deployment
+from tests.executor.local_helpers import TINY_AGG, TINY_PD, engine_venv, plan_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,13 +78,6 @@ def test_the_context_limit_makes_room_for_the_asked_context():
 def test_bad_sweeps_are_named(text, needle):
     with pytest.raises(SpecError, match=needle):
         parse_loads(text)
-
-
-def engine_venv(tmp_path: Path) -> Path:
-    venv = tmp_path / "engine"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "vllm").symlink_to(fake_vllm(tmp_path))
-    return venv
 
 
 def rackplan(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

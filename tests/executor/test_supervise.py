@@ -26,6 +26,7 @@ from tests.executor.local_helpers import (
     TINY_AGG,
     TINY_PD,
     assert_nothing_left,
+    engine_venv,
     fake_vllm,
     local_rendering,
     plan_deployment,
@@ -249,14 +250,6 @@ def test_stop_of_a_folder_that_is_no_run_is_one_line(tmp_path):
     assert r.stderr.strip() == (f"rackplan: error: {tmp_path} holds no run.json: it is not the "
                                 "run directory of a local deployment (rackplan deploy --target "
                                 "local --out DIR)")
-
-
-def engine_venv(tmp_path: Path) -> Path:
-    """An engine environment whose `vllm` is the fake."""
-    venv = tmp_path / "engine"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "vllm").symlink_to(fake_vllm(tmp_path))
-    return venv
 
 
 def deploy_cli(tmp_path: Path, *extra: str, ignore: tuple[int, ...] = ()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from executor.backends.procs import alive
 from planner.cli import main
 from simulator.specs.errors import SpecError
 from simulator.validate import case_from_row, is_moe_model, load_rows, summarize, validate
@@ -154,14 +155,7 @@ def test_a_sigkilled_validate_leaves_no_worker_behind(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     end = time.monotonic() + 60
-    while any(_alive(pid) for pid in workers):
+    while any(alive(pid, None) for pid in workers):
         assert time.monotonic() < end, f"workers {workers} outlived their parent"
         time.sleep(0.2)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = (Path("/proc") / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] not in "ZX"

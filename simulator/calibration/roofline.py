@@ -117,7 +117,8 @@ def allreduce(nbytes: ArrayLike, gpus: ArrayLike, gb_s: float) -> np.ndarray:
 def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: ArrayLike, *,
                      params: ArrayLike, heads: ArrayLike, qk_dim: float, v_dim: float, window: int,
                      ratio: int, topk: int, index_heads: int, index_dim: int,
-                     entry_bytes: float, index_bytes: float, weights: str = "fp8") -> np.ndarray:
+                     entry_bytes: float, index_bytes: float, weights: str = "fp8",
+                     bound: str = "both") -> np.ndarray:
     """One layer of compressed / sparse attention (DeepSeek-V4 SWA, CSA, HCA; V3.2 DSA) with its
     projections: `batch` requests of `new` tokens after `past` cached ones.
 
@@ -126,9 +127,10 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
     picks when topk > 0; the indexer scores every compressed entry with its own keys. Compute
     is the sum of the projection and indexer time (weights' dtype) and the attention core
     (bf16); memory is weights + the entries each request reads + the query/output activations.
+    `bound` "compute" or "memory" gives that side alone (default "both": the larger).
     """
     point = (batch, new, past, params, heads)
-    if all(np.size(v) == 1 for v in point):
+    if bound == "both" and all(np.size(v) == 1 for v in point):
         shape = max((np.shape(v) for v in point), key=len)
         b1, n1, p1, w1, h1 = (float(np.asarray(v, dtype=float).ravel()[0]) for v in point)
         return np.full(shape, _sparse_attention_one(
@@ -155,7 +157,10 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
     keys = end / max(ratio, 1) * index_bytes if topk else 0.0
     nbytes = (params * DTYPE_BYTES[weights] + batch * (reads * entry_bytes + keys)
               + tokens * heads * v_dim * 2 * 2)
-    return np.maximum(compute, nbytes / hw.hbm_bytes_s) * 1e3
+    sides = {"compute": lambda: compute * np.ones_like(tokens),
+             "memory": lambda: nbytes / hw.hbm_bytes_s,
+             "both": lambda: np.maximum(compute, nbytes / hw.hbm_bytes_s)}
+    return sides[bound]() * 1e3
 
 
 def _sparse_attention_one(hw: HardwareSpec, batch: float, new: float, past: float,

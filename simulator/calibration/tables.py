@@ -644,28 +644,67 @@ class Calibration:
             self._rates[key] = float(cached(("rate", key, inst.model, roof, self),
                                             self._table_files(op), sustained)["rate"])
         rate = self._rates[key]
+        stream = max(self.stream_efficiency() or rate, rate)
         heads = max(inst.model.num_attention_heads // inst.tp, 1)
-        return np.maximum(roof(batch, new, stop, heads) - roof(batch, new, start, heads),
-                          0.0) / rate
+
+        def more(bound: str) -> np.ndarray:
+            return np.maximum(roof(batch, new, stop, heads, bound)
+                              - roof(batch, new, start, heads, bound), 0.0)
+
+        # the extra FLOPs at the kernel's sustained rate, the extra bytes at the rate this
+        # system's measured decode attention streams long reads (a kernel table's largest
+        # decode rows are still launch-bound, far below the bandwidth a long read reaches)
+        return np.maximum(more("compute") / rate, more("memory") / stream)
+
+    def stream_efficiency(self) -> float | None:
+        """The share of HBM bandwidth a long memory-bound read sustains on this system: the
+        median roofline / measured over the engine's decode attention rows (GQA, no window)
+        that read 1 GB or more. None when no such table or row ships."""
+        key = ("stream",)
+        if key not in self._rates:
+
+            def median_rate() -> dict[str, np.ndarray]:
+                got, hw, eff = self.frame("attention_generation"), self.hardware, float("nan")
+                names = {v: k for k, v in KV_DTYPES.items()}
+                if got is not None:
+                    rows = got[0][(got[0].window_size == 0)
+                                  & got[0].kv_cache_dtype.isin(list(names))]
+                    effs = [np.array([])]
+                    for kvd, r in rows.groupby("kv_cache_dtype"):
+                        roof = rf.attention_generation(hw, r.batch_size, r.step + r.isl,
+                                                       r.num_heads.to_numpy(),
+                                                       r.num_key_value_heads.to_numpy(),
+                                                       r.head_dim.to_numpy(), names[str(kvd)])
+                        big = roof * 1e-3 * hw.hbm_bytes_s >= 1e9
+                        effs.append(roof[big] / r.latency.to_numpy(float)[big])
+                    both = np.concatenate(effs)
+                    if both.size:
+                        eff = float(min(np.median(both), 1.0))
+                return {"eff": np.array(eff)}
+
+            self._rates[key] = float(cached(("stream", self), self._table_files(
+                "attention_generation"), median_rate)["eff"])
+        found = self._rates[key]
+        return None if np.isnan(found) else found
 
     def _dsv4_kernel_roof(self, op: str, inst: Instance
-                          ) -> tuple[Callable[[Any, Any, Any, Any], np.ndarray], tuple[Any, ...]]:
+                          ) -> tuple[Callable[..., np.ndarray], tuple[Any, ...]]:
         m = inst.model
         entry = DSV4_ENTRY_BYTES[inst.kv_cache](m.head_dim, m.qk_rope_head_dim)
         idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
         hw = self.hardware
 
-        def roof(b: Any, n: Any, p: Any, h: Any) -> np.ndarray:
+        def roof(b: Any, n: Any, p: Any, h: Any, bound: str = "both") -> np.ndarray:
             if op == "dsv4_indexer":
                 return rf.sparse_attention(hw, b, n, p, params=0.0, heads=0, qk_dim=0, v_dim=0,
                                            window=0, ratio=4, topk=1,
                                            index_heads=m.index_n_heads,
                                            index_dim=m.index_head_dim, entry_bytes=0.0,
-                                           index_bytes=idx)
+                                           index_bytes=idx, bound=bound)
             return rf.sparse_attention(hw, b, n, p, params=0.0, heads=h, qk_dim=m.head_dim,
                                        v_dim=m.head_dim, window=m.sliding_window, ratio=128,
                                        topk=0, index_heads=0, index_dim=0, entry_bytes=entry,
-                                       index_bytes=0.0)
+                                       index_bytes=0.0, bound=bound)
 
         return roof, (op, m.architecture, m.num_attention_heads, inst.kv_cache,
                       inst.indexer_cache)

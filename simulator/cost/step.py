@@ -274,6 +274,16 @@ class OpenStep:
     """Dual-batch overlap: one of its two micro-batches, when the step splits."""
 
 
+def rank_attention_ms(inst: Instance, batch: Batch, cal: Calibration) -> np.ndarray:
+    """Each DP rank's ms of every attention layer for `batch` (the step waits for the
+    largest)."""
+    dp = inst.dp
+    return _attention(inst, cal, _per_rank(batch.decode_requests, dp),
+                      _per_rank(batch.decode_context, dp), _per_rank(batch.prefill_tokens, dp),
+                      _per_rank(batch.prefill_requests, dp), _per_rank(batch.prefill_context, dp),
+                      _Ledger())
+
+
 def open_step(inst: Instance, batch: Batch, cal: Calibration) -> OpenStep:
     """`batch` on `inst` priced but for its routed experts (see `OpenStep`)."""
     full = _open(inst, batch, cal)

@@ -164,6 +164,8 @@ class Traffic:
               session: int = -1, tree: int = -1, depth: int = 0,
               warmup: bool = False) -> simpy.Event:
         t = self.table
+        if self.workload.mode == "prefill_only":
+            output = 1  # a turn of a prefill-only replay samples its one token
         rid = t.new(self.env.now, prompt, output, blocks)
         t.session[rid], t.tree[rid], t.depth[rid], t.warmup[rid] = session, tree, depth, warmup
         if not warmup:

@@ -109,7 +109,9 @@ class Engine:
                                       plan.requests.sum() if plan.chunks is not None else 0)),
                                   self.kv.use(), st, self.pricer.instance.ranks)
         if self.dp > 1:
-            self.shared.recorder.dp_wait(st.breakdown["attention"], work, tokens)
+            self.shared.recorder.dp_wait(self.pricer.attention_wait(
+                plan.decode_requests, plan.decode_context, plan.tokens, plan.requests,
+                plan.context))
         return st
 
     # ---- what subclasses give ------------------------------------------------------------

@@ -96,13 +96,10 @@ class Recorder:
         for k, ms in st.breakdown.items():
             self.breakdown_ms[k if k in self.breakdown_ms else "other"] += float(ms) * ranks
 
-    def dp_wait(self, attention_ms: float, load: np.ndarray, total: float) -> None:
-        """A step's attention set by its busiest DP rank (`load`: tokens per rank, `total`
-        their sum): the ranks with less work wait the difference, counted as if attention time
-        followed the load."""
-        top = float(load.max()) if load.size else 0.0
-        if top > 0 and load.size > 1:
-            self.dp_wait_ms += attention_ms * (top * load.size - total) / top
+    def dp_wait(self, wait_ms: float) -> None:
+        """A step's attention is set by its busiest DP rank: the others wait `wait_ms` GPU-ms
+        in all (the sum over ranks of the busiest rank's attention ms less their own)."""
+        self.dp_wait_ms += wait_ms
 
     def imbalance(self, value: float, tokens: float) -> None:
         """A step's EP imbalance, weighted by its tokens."""
@@ -214,6 +211,9 @@ class SimResult:
             "output_tok_s_gpu": _num(self.output_tokens / d / self.gpus),
             "prefill_input_tok_s_gpu": (_num(inputs / d / self.prefill_gpus)
                                         if self.prefill_gpus else None),
+            "prefill_computed_tok_s_gpu": (_num(self.uncached_input_tokens / d
+                                                / self.prefill_gpus)
+                                           if self.prefill_gpus else None),
             "decode_output_tok_s_gpu": (_num(self.output_tokens / d / self.decode_gpus)
                                         if self.decode_gpus else None),
             "ttft_ms": percentiles(self.ttft_s * 1e3, qs),

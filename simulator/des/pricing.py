@@ -43,7 +43,7 @@ import numpy as np
 from simulator.calibration import Calibration
 from simulator.cost import Batch, Instance, StepTime, step_time
 from simulator.cost.price_cache import CachedCalibration
-from simulator.cost.step import OpenStep, close_step, open_step
+from simulator.cost.step import OpenStep, close_step, open_step, rank_attention_ms
 
 
 def round_bits(x: Any, bits: int) -> Any:
@@ -115,6 +115,8 @@ class StepPricer:
         """The fronts' steps priced but for their routed experts (`OpenStep`)."""
         self._rows: dict[tuple[bytes, float], StepTime] = {}
         """The same prices by the rounded rows before the front is taken (rank order kept)."""
+        self._waits: dict[bytes, float] = {}
+        """Attention waits by the rounded rows (`attention_wait`)."""
         self._shared, self._shared_opened, self._ops = _shared_memo(calibration)
         self._key = instance_key(instance)
         self._ep = instance.ep > 1
@@ -163,6 +165,22 @@ class StepPricer:
         self._memo[key] = self._shared[(self._key, *key)] = priced
         self._remember(seen, priced)
         return priced
+
+    def attention_wait(self, decode_requests: np.ndarray, decode_context: np.ndarray,
+                       prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
+                       prefill_context: np.ndarray) -> float:
+        """GPU-ms the DP ranks of a step wait for the rank with the most attention work: the
+        sum over ranks of (largest - own) attention ms, on the rounded rows `price` uses."""
+        columns = round_bits(np.array([decode_requests, decode_context, prefill_tokens,
+                                       prefill_requests, prefill_context]), self.bits)
+        seen = columns.tobytes()
+        wait = self._waits.get(seen)
+        if wait is None:
+            if len(self._waits) > ROWS_ENTRIES:
+                self._waits.clear()
+            ms = rank_attention_ms(self.instance, Batch(*columns), cast(Calibration, self._ops))
+            wait = self._waits[seen] = float((ms.max() - ms).sum())
+        return wait
 
     def _exact(self, rows: np.ndarray, front: bytes, top: float,
                expert_tokens: np.ndarray | None) -> StepTime:

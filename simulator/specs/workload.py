@@ -265,7 +265,8 @@ class Workload(Spec):
                 raise SpecError("a sessions arrival replays session trees with their own "
                                 "turns and think times; drop `sessions` (it is for the "
                                 "closed, poisson and bursty arrivals)")
-            if self.mode != "serve":
-                raise SpecError(f"a sessions arrival needs mode 'serve', not "
-                                f"mode={self.mode!r}")
+            if self.mode == "decode_only":
+                raise SpecError("a sessions arrival replays whole turns; mode decode_only "
+                                "holds a fixed context instead (give mode serve or "
+                                "prefill_only)")
         return self

@@ -220,3 +220,23 @@ def test_another_shape_scales_even_the_measured_points():
     flash = cal.mega_moe(64, 4096, 2048, 6, 256, 32, "fp4", True, GB300.scaleup_gb_s)
     assert pro.source == "measured" and flash.source == "extrapolated"
     assert flash.ms[0] < pro.ms[0] / 2
+
+
+def test_long_decode_reads_beyond_the_kernel_table_stream_at_the_measured_rate():
+    """The indexer table's largest decode rows are launch-bound (a few us); 64 requests at 855K
+    read ~0.8 GB more keys per layer than at 128K, which costs those bytes at the rate this
+    system's measured decode attention streams reads of 1 GB or more, not at the efficiency of
+    launch-bound rows."""
+    from simulator.specs.attention import INDEXER_KEY_BYTES
+    cal = load_calibration(GB300, "vllm")
+    stream = cal.stream_efficiency()
+    assert stream is not None and 0.7 < stream <= 1.0  # GQA decode rows >= 1 GB on GB300
+    inst = Instance(model=FLASH, hardware=GB300, role="decode", ranks=32, expert_parallel=True,
+                    weights="fp4", kv_cache="fp8", indexer_cache="fp4")
+    b, one = np.array([64.0]), np.array([1.0])
+    near, far = (cal.dsv4_kernel("dsv4_indexer", inst, b, one, np.array([c]))
+                 for c in (131072.0, 855000.0))
+    assert far.source == "extrapolated"
+    extra = 64 * (855000 - 131072) / 4 * INDEXER_KEY_BYTES["fp4"](FLASH.index_head_dim)
+    assert far.ms[0] - near.ms[0] == pytest.approx(extra / (GB300.hbm_bytes_s * stream) * 1e3,
+                                                   rel=0.02)

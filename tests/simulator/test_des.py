@@ -379,6 +379,25 @@ def test_dp_imbalance_is_the_time_ranks_wait_for_a_busier_one():
     assert even == pytest.approx(0.0, abs=1e-9) and uneven > 0.05
 
 
+def test_ranks_with_equal_tokens_still_wait_for_a_longer_cached_prefix():
+    """The wait follows each rank's attention work, not its token count: two ranks computing
+    4096 tokens each, one after a 64K cached prefix, the other cold."""
+    from simulator.cost.step import Instance
+    from simulator.des.pricing import StepPricer
+    from simulator.specs.hardware import load_hardware
+    from simulator.specs.model import load_model
+
+    hw = load_hardware("h200")
+    inst = Instance(model=load_model("deepseek-v3"), hardware=hw, role="prefill", ranks=2,
+                    expert_parallel=True)
+    pricer = StepPricer(inst, load_calibration(hw, "vllm"))
+    zero, tokens, one = np.zeros(2), np.array([4096.0, 4096.0]), np.ones(2)
+    assert pricer.attention_wait(zero, zero, tokens, one, np.zeros(2)) == 0.0
+    wait = pricer.attention_wait(zero, zero, tokens, one, np.array([65536.0, 0.0]))
+    step = pricer.price(zero, zero, tokens, one, np.array([65536.0, 0.0]), None)
+    assert 0.0 < wait < step.breakdown["attention"]
+
+
 def test_spread_clients_leave_the_lock_step_waves_of_a_burst():
     from simulator.specs.deployment import Deployment
     from simulator.specs.workload import ClosedArrival, FixedLength, Workload

@@ -22,6 +22,7 @@ CONTRACT = {
     # out, TTFT by turn depth, per-session speed
     "cache_hit_share", "host_loaded_tokens", "warmup_requests", "ttft_by_depth_ms",
     "session_tok_s",
+    "prefill_computed_tok_s_gpu",  # uncached (computed) input tokens / prefill GPUs
 }
 
 
@@ -54,6 +55,7 @@ def test_throughput_cost_and_breakdown_arithmetic() -> None:
     assert m["throughput_tok_s_gpu"] == pytest.approx(6000 / 100 / 16)
     assert m["output_tok_s_gpu"] == pytest.approx(2000 / 100 / 16)
     assert m["prefill_input_tok_s_gpu"] == pytest.approx(4000 / 100 / 8)
+    assert m["prefill_computed_tok_s_gpu"] == pytest.approx(3000 / 100 / 8)
     assert m["decode_output_tok_s_gpu"] == pytest.approx(2000 / 100 / 8)
     assert m["cost_per_mtok_usd"] == pytest.approx(3.6 * 16 * 100 / 3600 / (6000 / 1e6))
     assert m["step_breakdown"] == pytest.approx(
@@ -68,6 +70,7 @@ def test_absent_roles_and_empty_samples_are_null() -> None:
     m = result(prefill_gpus=None, decode_gpus=None, tpot_s=np.full(4, np.nan),
                itl_s=np.zeros(0), itl_weight=np.zeros(0)).metrics()
     assert m["prefill_input_tok_s_gpu"] is None and m["decode_output_tok_s_gpu"] is None
+    assert m["prefill_computed_tok_s_gpu"] is None
     assert m["tpot_ms"] == {"p50": None, "p90": None, "p99": None, "mean": None}
     assert m["itl_ms"]["p99"] is None and m["tok_s_user"]["p90"] is None
     json.dumps(m, allow_nan=False)

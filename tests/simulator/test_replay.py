@@ -162,3 +162,22 @@ def test_sizes_that_would_exhaust_memory_are_refused_up_front() -> None:
         SessionsArrival(concurrency=5_000_000)
     with pytest.raises(ValueError, match="less than or equal to 10000000"):
         Workload(requests=20_000_000)
+
+
+def test_a_prefill_only_replay_computes_each_turn_and_samples_one_token(tmp_path: Path) -> None:
+    path = trace_file(tmp_path, THREE_TURNS)
+    wl = Workload(arrival=SessionsArrival(traces=path, concurrency=1, start="turn0"),
+                  requests=3, mode="prefill_only")
+    prefill = Deployment(model="deepseek-v3", hardware="h200", prefill=RoleSpec(tp=8))
+    r = _Run(prefill, wl, None, None, None, SimOptions())
+    m = r.result().metrics()
+    t = r.table
+    assert t.output_len[:3].tolist() == [1, 1, 1]  # recorded outputs of 10 are not generated
+    assert t.cached[:3].tolist() == [0, 640, 960]  # each turn still hits the one before
+    # computed tokens only (the turns the window counts), over the prefill GPUs
+    assert m["uncached_input_tokens"] in (640 + 320, 640 + 320 + 320)
+    assert m["prefill_computed_tok_s_gpu"] == pytest.approx(
+        m["uncached_input_tokens"] / m["duration_s"] / 8)
+    assert m["prefill_input_tok_s_gpu"] > m["prefill_computed_tok_s_gpu"]
+    with pytest.raises(ValueError, match="mode decode_only holds a fixed context"):
+        Workload(arrival=SessionsArrival(concurrency=4), mode="decode_only")

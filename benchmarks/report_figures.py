@@ -15,6 +15,7 @@ Run: .venv/bin/python benchmarks/report_figures.py [--json] [--no-rack]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -39,7 +40,7 @@ AGENTIC = "benchmarks/workloads/prefill-agentic-256.yaml"
 PREFILL = {dep: f"examples/deepseek-v4-flash-gb300-prefill-dep{dep}.yaml" for dep in (2, 4)}
 """One prefill instance at each DEP size, benched alone (single-role bench decks)."""
 PREFILL_NOTE = ("one instance at 256 AgentX lanes; computed (uncached) prompt tokens per GPU: "
-                "every input token of the rack's 954K tok/s/GPU passes a prefill instance, so "
+                "when every input token of the rack's 954K tok/s/GPU passes a prefill instance, "
                 "the 64.4K cannot count cached ones")
 
 
@@ -99,10 +100,12 @@ def _prefill(dep: int, key: str) -> float:
     from simulator.des import simulate
     from simulator.specs.loading import load_deployment, load_workload
 
-    if dep not in _PREFILL_RUNS:  # as `rackplan simulate` runs it (serving latencies included)
+    if dep not in _PREFILL_RUNS:  # as `rackplan simulate` runs it (serving latencies included),
+        # with the DP wait priced on every step instead of every 32nd
         deployment = load_deployment(ROOT / PREFILL[dep])
+        options = dataclasses.replace(sim_options(deployment), dp_wait_every=1)
         _PREFILL_RUNS[dep] = simulate(deployment, load_workload(ROOT / AGENTIC),
-                                      options=sim_options(deployment)).metrics()
+                                      options=options).metrics()
     return float(_PREFILL_RUNS[dep][key])
 
 

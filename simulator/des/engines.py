@@ -58,6 +58,8 @@ class Shared:
     kv_cost: Callable[[float], float] = float
     """KV pool tokens a request of a given context takes (the model's windows, compressed
     entries and per-request state, in units of one full token's KV)."""
+    dp_wait_every: int = 1
+    """Steps of an instance per one whose DP wait is priced (SimOptions.dp_wait_every)."""
 
 
 class Engine:
@@ -72,6 +74,8 @@ class Engine:
         self.kv = KvPool(self.dp, kv_tokens, lambda: self.env.now, shared.kv_cost)
         self._wake = self.env.event()
         self._idle = False
+        self._steps = 0
+        """Steps priced so far (every `dp_wait_every`-th also prices the DP wait)."""
         self.env.process(self._loop())
 
     # ---- the step loop -------------------------------------------------------------------
@@ -109,10 +113,17 @@ class Engine:
                                       plan.requests.sum() if plan.chunks is not None else 0)),
                                   self.kv.use(), st, self.pricer.instance.ranks)
         if self.dp > 1:
-            self.shared.recorder.dp_wait(self.pricer.attention_wait(
-                plan.decode_requests, plan.decode_context, plan.tokens, plan.requests,
-                plan.context))
+            self._dp_wait(plan)
         return st
+
+    def _dp_wait(self, plan: StepPlan) -> None:
+        """Count the step, and on the first and every `dp_wait_every`-th after it, price how
+        long its ranks wait for the one with the most attention work."""
+        sampled = self._steps % self.shared.dp_wait_every == 0
+        self._steps += 1
+        self.shared.recorder.dp_step(self.name, self.pricer.attention_wait(
+            plan.decode_requests, plan.decode_context, plan.tokens, plan.requests,
+            plan.context) if sampled else None)
 
     # ---- what subclasses give ------------------------------------------------------------
 

@@ -84,8 +84,8 @@ class Recorder:
         """GPU-milliseconds per category (step time x ranks of the instance)."""
         self._imb_sum = 0.0
         self._imb_tokens = 0.0
-        self.dp_wait_ms = 0.0
-        """GPU-milliseconds DP ranks spent waiting in lock-step for a busier rank's attention."""
+        self._dp: dict[str, list[float]] = {}
+        """Instance -> [wait GPU-ms of its sampled steps, sampled steps, steps]."""
         self._itl: list[tuple[float, int]] = []
         self.steps = 0
 
@@ -96,10 +96,21 @@ class Recorder:
         for k, ms in st.breakdown.items():
             self.breakdown_ms[k if k in self.breakdown_ms else "other"] += float(ms) * ranks
 
-    def dp_wait(self, wait_ms: float) -> None:
-        """A step's attention is set by its busiest DP rank: the others wait `wait_ms` GPU-ms
-        in all (the sum over ranks of the busiest rank's attention ms less their own)."""
-        self.dp_wait_ms += wait_ms
+    def dp_step(self, name: str, wait_ms: float | None) -> None:
+        """A step of DP instance `name`; its attention is set by its busiest DP rank, and
+        `wait_ms` (None when this step was not sampled) is how long the others wait in all
+        (the sum over ranks of the busiest rank's attention ms less their own)."""
+        got = self._dp.setdefault(name, [0.0, 0.0, 0.0])
+        got[2] += 1
+        if wait_ms is not None:
+            got[0] += wait_ms
+            got[1] += 1
+
+    @property
+    def dp_wait_ms(self) -> float:
+        """GPU-ms DP ranks spent waiting in lock-step for a busier rank's attention: each
+        instance's sampled waits scaled to all its steps."""
+        return sum(w * n / k for w, k, n in self._dp.values() if k)
 
     def imbalance(self, value: float, tokens: float) -> None:
         """A step's EP imbalance, weighted by its tokens."""

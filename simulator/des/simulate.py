@@ -70,6 +70,11 @@ class SimOptions:
     handoff_ms: float = 0.0
     """P/D: fixed latency of a prefill-to-decode handoff besides moving the KV bytes (proxy
     hop, transfer setup, the decode side picking the request up)."""
+    dp_wait_every: int = 32
+    """`dp_imbalance`: an instance prices how long its DP ranks wait for the one with the most
+    attention work on its first step and every this-many-th after it, scaled to all its steps
+    (pricing each rank's attention on every step costs as much as the steps themselves); 1
+    prices every step."""
 
     @classmethod
     def serving(cls, overhead: ServingOverhead) -> SimOptions:
@@ -135,7 +140,8 @@ class _Run:
         self.shared = Shared(self.env, self.table, self.recorder, self,
                              workload.prefix_hit_rate,
                              self.model.kv_token_cost(deployment.precision.kv_cache,
-                                                      deployment.precision.indexer_cache))
+                                                      deployment.precision.indexer_cache),
+                             max(int(opts.dp_wait_every), 1))
         for role in self._running_roles():
             self.engines[role] = [self._engine(role, i) for i in
                                   range(deployment.roles[role].instances)]

@@ -367,16 +367,18 @@ def test_dp_imbalance_is_the_time_ranks_wait_for_a_busier_one():
     from simulator.specs.workload import ClosedArrival, FixedLength, LognormalLength, Workload
     dep = Deployment(model="deepseek-v3", hardware="h200", prefill={"instances": 1, "dep": 8})
 
-    def run(lengths) -> float:
+    def run(lengths, every: int = 1) -> float:
         w = Workload(arrival=ClosedArrival(concurrency=8), requests=8, input_tokens=lengths,
                      output_tokens=FixedLength(value=1), mode="prefill_only")
-        out = simulate(dep, w).metrics()
+        out = simulate(dep, w, options=SimOptions(dp_wait_every=every)).metrics()
         assert 0.0 <= out["dp_imbalance"] < 1.0
         return out["dp_imbalance"]
 
     even = run(FixedLength(value=4096))
     uneven = run(LognormalLength(median=4096, sigma=1.0, max=16384))
     assert even == pytest.approx(0.0, abs=1e-9) and uneven > 0.05
+    # the default prices the wait on the first and every 32nd step, scaled to all steps
+    assert 0.0 < run(LognormalLength(median=4096, sigma=1.0, max=16384), every=32) < 1.0
 
 
 def test_ranks_with_equal_tokens_still_wait_for_a_longer_cached_prefix():

@@ -46,6 +46,13 @@ def load_corpus(arrival: SessionsArrival, seed: int) -> list[SessionTrace]:
     return _generated(arrival.shape, seed)
 
 
+def corpus_lengths(arrival: SessionsArrival, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output tokens of every turn of every agent of the corpus `arrival` replays."""
+    turns = [t for trace in load_corpus(arrival, seed) for a in trace.agents for t in a.turns]
+    return (np.array([t.input_len for t in turns], dtype=np.int64),
+            np.array([t.output_len for t in turns], dtype=np.int64))
+
+
 def _trace_files(path: Path) -> list[Path]:
     return sorted(path.iterdir()) if path.is_dir() else [path]
 

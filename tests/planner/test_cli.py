@@ -214,3 +214,27 @@ def test_compare_refuses_what_is_not_a_plan(tmp_path):
 ])
 def test_outputs_are_checked_before_the_work(args, needle):
     assert_one_line_error(run_cli(*args), needle)
+
+
+def test_session_turns_and_trace_rows_past_the_context_are_refused_with_the_count(tmp_path):
+    """AgentX's synthetic corpus reaches 990K-token prompts: on a 160K-context model 42 % of
+    its turns could never be served, so the run is refused (named, counted, with the cap that
+    would fit), and a trace row past the context likewise."""
+    sessions = write(tmp_path, {"arrival": {"kind": "sessions", "concurrency": 8},
+                                "requests": 20}, "w.yaml")
+    assert_one_line_error(run_cli("simulate", "examples/deepseek-v3-h200-pd.yaml",
+                                  "--workload", str(sessions)),
+                          "of 92,623 session turns", "deepseek-v3's context of 163,840",
+                          "shape: {max_input: N}")
+    capped = write(tmp_path, {"arrival": {"kind": "sessions", "concurrency": 2,
+                                          "shape": {"max_input": 150_000}},
+                              "requests": 4}, "capped.yaml")
+    assert run_cli("simulate", "examples/deepseek-v3-h200-pd.yaml", "--workload",
+                   str(capped), "--json").returncode == 0
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,input_length,output_length\n0,1000,100\n5,170000,10\n")
+    rows = write(tmp_path, {"arrival": {"kind": "trace", "path": str(trace)},
+                            "requests": 2}, "trace.yaml")
+    assert_one_line_error(run_cli("simulate", "examples/deepseek-v3-h200-pd.yaml",
+                                  "--workload", str(rows)),
+                          "1 of 2 trace rows (50.0%)", "170,010", f"rows of {trace}")

@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from planner.evaluate import calibration_for, sim_options
+from planner.evaluate import calibration_for, check_workload_fits, sim_options
 from simulator.cost.step import Batch, StepTime, step_time
 from simulator.des import SimOptions, SimResult, Timeline, simulate
 from simulator.des.experts import ExpertLoad, power_law_popularity
 from simulator.eplb import Placement, imbalance
 from simulator.resolve import Resolved, resolve
 from simulator.specs.deployment import Deployment
+from simulator.specs.model import load_model
 from simulator.specs.workload import Workload
 
 Progress = Callable[[float], None]
@@ -94,6 +95,7 @@ def run_whatif(deployment: Deployment, workload: Workload,
     """Simulate `deployment` under `workload` as `rackplan simulate` does; SpecError for a
     deployment or workload that cannot run."""
     start = time.monotonic()
+    check_workload_fits(workload, load_model(deployment.model))
     calibration = calibration_for(deployment)
     options = sim_options(deployment)
     result = simulate(deployment, workload, calibration=calibration, progress=progress,

@@ -218,30 +218,8 @@ def cmd_step(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_context(workload: Any, model: Any) -> None:
-    """SpecError when the workload's requests do not fit the model's context: the spec's
-    lengths, or every session turn or trace row."""
-    from simulator.specs.fits import check_fits_context, check_requests_fit
-    from simulator.specs.workload import SessionsArrival, TraceArrival
-
-    check_fits_context(workload, model)
-    a = workload.arrival
-    one = workload.mode == "prefill_only"  # a prefill-only turn samples one token
-    if isinstance(a, SessionsArrival):
-        from simulator.des.replay import corpus_lengths
-        prompt, output = corpus_lengths(a, workload.seed)
-        remedy = ("cap the synthetic corpus with `shape: {max_input: N}`" if a.traces is None
-                  else f"shorten the turns of {a.traces}")
-        check_requests_fit("session turns", prompt, 1 if one else output, model, remedy)
-    elif isinstance(a, TraceArrival):
-        from simulator.des.traces import read_trace
-        t = read_trace(a.path, a.time_scale, workload.requests)
-        check_requests_fit("trace rows", t.input_len, 1 if one else t.output_len, model,
-                           f"shorten the rows of {a.path}")
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from planner.evaluate import sim_options
+    from planner.evaluate import check_workload_fits, sim_options
     from planner.plan import load_plan_or_deployment
     from simulator.des import SimOptions, simulate
     from simulator.specs.deployment import check_against_model
@@ -256,7 +234,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         model = load_model(deployment.model)
         load_hardware(deployment.hardware)  # the deployment's own errors come first
         check_against_model(deployment, model)
-        _check_context(workload, model)
+        check_workload_fits(workload, model)
     options = SimOptions() if args.engine_only else sim_options(deployment)
     with _progress("simulating", total=1.0) as advance:
         result = simulate(deployment, workload, progress=advance, options=options)
@@ -421,9 +399,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         slos=slos, objective=objective, trials=args.trials, seed=args.seed,
         storage=args.storage, study=args.study, batch=args.batch, workers=args.workers,
         screen=not args.no_screen, max_simulations=args.max_simulations, loads=loads)
+    from planner.evaluate import check_workload_fits
     from simulator.specs.model import load_model
 
-    _check_context(workload, load_model(config.space.model))
+    check_workload_fits(workload, load_model(config.space.model))
     with _search_progress(config.trials) as update:
         study = run_search(config, progress=lambda n, trials: update(
             n, _best_text(summarize(records(trials), config.slos, config.objective))))

@@ -21,6 +21,7 @@ from simulator.calibration.tables import user_calibration_dir
 from simulator.specs.deployment import Deployment
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import load_hardware
+from simulator.specs.model import ModelSpec
 from simulator.specs.workload import Workload
 
 if TYPE_CHECKING:  # the simulation loads where it runs (`rackplan step` prices without it)
@@ -60,6 +61,28 @@ def sim_options(deployment: Deployment) -> SimOptions:
     from simulator.des import SimOptions
 
     return SimOptions.serving(overhead_for(deployment))
+
+
+def check_workload_fits(workload: Workload, model: ModelSpec) -> None:
+    """SpecError when the workload's requests do not fit the model's context: the spec's
+    lengths, or every session turn or trace row (read here, as the simulation would)."""
+    from simulator.specs.fits import check_fits_context, check_requests_fit
+    from simulator.specs.workload import SessionsArrival, TraceArrival
+
+    check_fits_context(workload, model)
+    a = workload.arrival
+    one = workload.mode == "prefill_only"  # a prefill-only turn samples one token
+    if isinstance(a, SessionsArrival):
+        from simulator.des.replay import corpus_lengths
+        prompt, output = corpus_lengths(a, workload.seed)
+        remedy = ("cap the synthetic corpus with `shape: {max_input: N}`" if a.traces is None
+                  else f"shorten the turns of {a.traces}")
+        check_requests_fit("session turns", prompt, 1 if one else output, model, remedy)
+    elif isinstance(a, TraceArrival):
+        from simulator.des.traces import read_trace
+        t = read_trace(a.path, a.time_scale, workload.requests)
+        check_requests_fit("trace rows", t.input_len, 1 if one else t.output_len, model,
+                           f"shorten the rows of {a.path}")
 
 
 def at_workload(evaluate: Evaluate, workload: Workload) -> Evaluate:

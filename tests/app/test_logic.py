@@ -154,6 +154,14 @@ def whatif() -> Any:
     return run_whatif(load_deployment(EXAMPLE), custom_workload(SMALL))
 
 
+def test_whatif_refuses_turns_past_the_models_context() -> None:
+    """As `rackplan simulate` does: AgentX's corpus on DeepSeek-V3's 160K context."""
+    from simulator.specs.workload import SessionsArrival
+    agentx = Workload(arrival=SessionsArrival(concurrency=8), requests=20)
+    with pytest.raises(SpecError, match=r"session turns .* deepseek-v3's context of 163,840"):
+        run_whatif(load_deployment(EXAMPLE), agentx)
+
+
 def test_whatif_matches_the_simulation(whatif: Any) -> None:
     m = whatif.metrics
     assert m["completed"] == 200 and m["gpus"] == 72

@@ -134,7 +134,7 @@ REASONS: tuple[tuple[str, str, re.Pattern[str]], ...] = tuple(
         ("rejected", "more GPUs than a feasible plan", r"a feasible plan needs only"),
         ("rejected", "weights or KV do not fit memory", r"memory|HBM|does not fit|KV cache"),
         ("rejected", "placement on the topology", r"topology|NVLink|scale-up|domain|placement"),
-        ("rejected", "a vLLM rule", r"vLLM|must divide|divisible|multiple of"),
+        ("rejected", "a vLLM rule", r"vLLM|must divide|divisible|multiple of|can place"),
         ("screened_out", "estimate below the best", r"of the best (?:simulated|screened)"),
         ("screened_out", "estimate misses {0}", r"^screen: (\w+) (?:~.*\(SLO\)|unbounded)"),
         ("screened_out", "same estimate as a simulated plan", r"same estimate as simulated"),

@@ -40,6 +40,9 @@ def test_reasons_are_counted_by_kind_and_missed_slo():
         record(1, "rejected", "uses 48 GPUs (decode 3 x DEP16) but the budget is 32"),
         record(2, "rejected", "decode: weights 700 GiB do not fit: HBM 141 GiB x 0.9 per GPU"),
         record(3, "rejected", "something new"),
+        record(11, "rejected", "decode: redundant_experts=32 is more than dep=1 can place: 256 "
+                               "experts x (1 - 1) = 0 extra slots already put every expert on "
+                               "every rank"),
         record(4, "screened_out", "screen: tok_s_user_p90 ~31.0 < 50 (SLO)"),
         record(5, "screened_out", "screen: throughput ~1,200 tok/s/GPU < 85% of the best "
                                   "simulated 2,000"),
@@ -51,7 +54,7 @@ def test_reasons_are_counted_by_kind_and_missed_slo():
     ]
     got = reasons(recs, SLOS)
     assert got["rejected"] == {"over the GPU budget": 2, "weights or KV do not fit memory": 1,
-                               "other": 1}
+                               "a vLLM rule": 1, "other": 1}
     assert got["screened_out"] == {"estimate below the best": 1,
                                    "estimate misses tok_s_user_p90": 1,
                                    "estimate misses ttft_p90_ms": 1,

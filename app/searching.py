@@ -21,6 +21,7 @@ import yaml
 
 from app.formatting import flatten, show
 from planner.curves import curves, user_axis
+from planner.evaluate import check_workload_fits
 from planner.load import at_load, ladder, load_kind
 from planner.objectives import SLO, merge_slos, metric_value, parse_slo
 from planner.plan import (
@@ -38,6 +39,7 @@ from planner.space import LAYOUTS, build_space
 from planner.storage import redact
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import dump_workload
+from simulator.specs.model import load_model
 from simulator.specs.workload import Workload
 
 SearchProgress = Callable[[int, int, str], None]
@@ -96,8 +98,10 @@ def search_config(form: SearchForm) -> SearchConfig:
     if not form.storage.strip():
         raise SpecError("storage is empty; give sqlite:///PATH, another Optuna RDB URL, or "
                         "journal:PATH")
+    space = build_space(form.model, form.hardware, form.gpus, layouts=tuple(form.layouts))
+    check_workload_fits(form.workload, load_model(space.model))  # as `rackplan search` does
     return SearchConfig(
-        space=build_space(form.model, form.hardware, form.gpus, layouts=tuple(form.layouts)),
+        space=space,
         workload=form.workload, slos=slos_of(form), objective=form.objective,
         trials=form.trials, seed=form.seed, storage=form.storage.strip(),
         study=form.study.strip() or None,

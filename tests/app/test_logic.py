@@ -269,6 +269,10 @@ def test_search_form() -> None:
         search_config(_form(gpus=0))
     config = search_config(_form(layouts=("pd",), trials=5, study=" mine "))
     assert config.space.layouts == ("pd",) and config.study_name() == "mine"
+    from simulator.specs.workload import SessionsArrival
+    with pytest.raises(SpecError, match="session turns"):  # AgentX's turns past V3's context
+        search_config(_form(workload=Workload(arrival=SessionsArrival(concurrency=8),
+                                              requests=20)))
 
 
 def test_front_table_and_diff() -> None:

@@ -31,6 +31,7 @@ import simpy
 
 from simulator.des.agentx import generate
 from simulator.des.sessions import SessionTrace, shift_runs
+from simulator.des.traces import file_stamp
 from simulator.des.weka import read_weka
 from simulator.specs.agentx import AgentxShape
 from simulator.specs.workload import SessionsArrival
@@ -42,7 +43,7 @@ def load_corpus(arrival: SessionsArrival, seed: int) -> list[SessionTrace]:
     many times): files for as long as their path, size and modification time stay the same."""
     if arrival.traces is not None:
         path = Path(arrival.traces)
-        return _read(path, tuple(_stamp(f) for f in _trace_files(path)))
+        return _read(path, tuple(file_stamp(f) for f in _trace_files(path)))
     return _generated(arrival.shape, seed)
 
 
@@ -55,14 +56,6 @@ def corpus_lengths(arrival: SessionsArrival, seed: int) -> tuple[np.ndarray, np.
 
 def _trace_files(path: Path) -> list[Path]:
     return sorted(path.iterdir()) if path.is_dir() else [path]
-
-
-def _stamp(path: Path) -> tuple[str, int, int]:
-    try:
-        st = path.stat()
-    except OSError:
-        return (str(path), -1, -1)  # read_weka says what is wrong with it
-    return (str(path), st.st_size, st.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=4)

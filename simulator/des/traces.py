@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import json
 import math
@@ -43,11 +44,29 @@ class Trace:
         return len(self.input_len)
 
 
+def file_stamp(path: Path) -> tuple[str, int, int]:
+    """A file's path, size and modification time: what a per-process cache of what was read
+    from it is keyed by ((path, -1, -1) when it cannot be stat'ed; the reader says why)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (str(path), -1, -1)
+    return (str(path), st.st_size, st.st_mtime_ns)
+
+
 def read_trace(path: str | Path, time_scale: float = 1.0, limit: int | None = None) -> Trace:
-    """The first `limit` rows (by arrival) of a .jsonl or .csv trace."""
+    """The first `limit` rows (by arrival) of a .jsonl or .csv trace, read once per process
+    while the file's path, size and modification time stay the same (a search simulates one
+    trace many times, after checking its rows fit the model); its arrays are read-only."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"trace file {str(p)!r} does not exist; give a .jsonl or .csv trace")
+    return _read_trace(p, file_stamp(p), time_scale, limit)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_trace(p: Path, stamp: tuple[str, int, int], time_scale: float,
+                limit: int | None) -> Trace:
     rows = _read_csv(p) if p.suffix.lower() == ".csv" else _read_jsonl(p)
     if not rows:
         raise SpecError(f"trace {p} has no rows")
@@ -57,12 +76,12 @@ def read_trace(path: str | Path, time_scale: float = 1.0, limit: int | None = No
         order = order[:limit]
     ts = np.array([parsed[i][0] for i in order], dtype=float)
     sessions = [_session(rows[i]) for i in order]
-    return Trace(
-        arrival_s=(ts - ts.min()) / 1000.0 * time_scale,
-        input_len=np.array([parsed[i][1] for i in order], dtype=np.int64),
-        output_len=np.array([parsed[i][2] for i in order], dtype=np.int64),
-        blocks=_session_blocks([parsed[i] for i in order], sessions),
-    )
+    arrays = ((ts - ts.min()) / 1000.0 * time_scale,
+              np.array([parsed[i][1] for i in order], dtype=np.int64),
+              np.array([parsed[i][2] for i in order], dtype=np.int64))
+    for a in arrays:
+        a.setflags(write=False)  # shared by every run of the process that reads the file
+    return Trace(*arrays, blocks=_session_blocks([parsed[i] for i in order], sessions))
 
 
 def _session(row: dict[str, Any]) -> str | None:

@@ -335,6 +335,17 @@ def test_csv_trace_with_hash_ids_and_bad_traces(tmp_path: Path) -> None:
         read_trace(tmp_path / "missing.jsonl")
 
 
+def test_a_trace_is_read_once_until_its_file_changes(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp,input_length,output_length\n0,100,2\n")
+    first = read_trace(path)
+    assert read_trace(path) is first  # the check before a run and the run share one read
+    with pytest.raises(ValueError):
+        first.input_len[0] = 1  # shared, so read-only
+    path.write_text("timestamp,input_length,output_length\n0,100,2\n5,300,4\n")
+    assert read_trace(path).input_len.tolist() == [100, 300]
+
+
 def test_trace_sessions_carry_their_context_into_prefix_blocks(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     path.write_text("timestamp,input_length,output_length,session_id\n"

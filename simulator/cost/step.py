@@ -274,14 +274,19 @@ class OpenStep:
     """Dual-batch overlap: one of its two micro-batches, when the step splits."""
 
 
+def _rank_columns(batch: Batch, dp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                  np.ndarray, np.ndarray]:
+    """The batch's decode requests, decode context, prefill tokens, prefill requests and
+    prefill context, one entry per DP rank."""
+    return (_per_rank(batch.decode_requests, dp), _per_rank(batch.decode_context, dp),
+            _per_rank(batch.prefill_tokens, dp), _per_rank(batch.prefill_requests, dp),
+            _per_rank(batch.prefill_context, dp))
+
+
 def rank_attention_ms(inst: Instance, batch: Batch, cal: Calibration) -> np.ndarray:
     """Each DP rank's ms of every attention layer for `batch` (the step waits for the
     largest)."""
-    dp = inst.dp
-    return _attention(inst, cal, _per_rank(batch.decode_requests, dp),
-                      _per_rank(batch.decode_context, dp), _per_rank(batch.prefill_tokens, dp),
-                      _per_rank(batch.prefill_requests, dp), _per_rank(batch.prefill_context, dp),
-                      _Ledger())
+    return _attention(inst, cal, *_rank_columns(batch, inst.dp), _Ledger())
 
 
 def open_step(inst: Instance, batch: Batch, cal: Calibration) -> OpenStep:
@@ -337,11 +342,7 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     m = inst.model
     dp = inst.dp
     led = _Ledger()
-    dec_b = _per_rank(batch.decode_requests, dp)
-    dec_ctx = _per_rank(batch.decode_context, dp)
-    pre_tok = _per_rank(batch.prefill_tokens, dp)
-    pre_req = _per_rank(batch.prefill_requests, dp)
-    pre_ctx = _per_rank(batch.prefill_context, dp)
+    dec_b, dec_ctx, pre_tok, pre_req, pre_ctx = _rank_columns(batch, dp)
     spec = inst.spec_tokens
     tokens = dec_b * (1 + spec) + pre_tok  # per rank, computed this step
     if tokens.sum() <= 0:

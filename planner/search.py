@@ -209,12 +209,21 @@ class SearchConfig:
         return ["maximize"] * len(objective_metrics(self.objective))
 
 
+def interrupted(trial: FrozenTrial) -> bool:
+    """A failed trial whose evaluation did not fail: killed, or gone stale, before its outcome
+    was told (it may hold the record written just before the tell). It is asked again, not
+    counted; only an evaluation's failure records the stage "failed"."""
+    rec = trial.user_attrs.get("record")
+    return trial.state == TrialState.FAIL and (rec is None or rec.get("stage") != "failed")
+
+
 def records(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
-    """The `record` attribute of each finished trial, with its number."""
+    """The `record` attribute of each finished trial, with its number (interrupted ones
+    left out)."""
     out = []
     for t in trials:
         rec = t.user_attrs.get("record")
-        if t.state in FINISHED and rec is not None:
+        if t.state in FINISHED and rec is not None and not interrupted(t):
             out.append({"number": t.number, **rec})
     return out
 
@@ -272,8 +281,7 @@ class _History:
     simulations: int = 0
 
     def add(self, trial: FrozenTrial) -> None:
-        if trial.number in self.numbers or trial.state not in FINISHED or (
-                trial.state == TrialState.FAIL and "record" not in trial.user_attrs):
+        if trial.number in self.numbers or trial.state not in FINISHED or interrupted(trial):
             return  # running, or interrupted (retried, not part of the search)
         self.trials.append(trial)
         self.numbers.add(trial.number)
@@ -423,7 +431,7 @@ class Loop:
         except BaseException as e:  # interrupted, or a worker died: leave no trial running,
             for t in [*(p.trial for p in pending), *([trial] if trial else [])]:
                 told = self.study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
-                if told.state == TrialState.FAIL and "record" not in told.user_attrs:
+                if interrupted(told):
                     retry(self.study, told)  # and ask it again when the search resumes
             if isinstance(e, BrokenProcessPool):
                 raise RuntimeError(f"a search worker process died ({e})") from None
@@ -600,7 +608,7 @@ class Loop:
                                                          else p.first]))
             except Exception:
                 frozen = self.study._storage.get_trial(p.trial._trial_id)
-                if frozen.state != TrialState.FAIL or "record" in frozen.user_attrs:
+                if not interrupted(frozen):
                     raise
                 told.append(frozen)  # taken for stale by another search: its retry runs
         return told

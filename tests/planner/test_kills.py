@@ -228,6 +228,21 @@ def test_a_trial_whose_search_is_gone_is_failed_and_asked_again(tmp_path, kind):
     assert_retried_to_the_budget(run_search(bigger, evaluate=constant), lost, 8)
 
 
+def test_a_trial_killed_between_its_record_and_its_tell_is_asked_again_not_counted(tmp_path):
+    """A SIGKILL can land after a trial's record is written and before it is told complete:
+    the stale trial then fails holding a simulated record, and is still an interruption."""
+    cfg = config(url(tmp_path, "sqlite"), trials=4)
+    run_search(cfg, evaluate=constant)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    lost = left_running(cfg, {"host": socket.gethostname(), "pid": int(gone.stdout)})
+    store = open_storage(cfg.storage)
+    store.set_trial_user_attr(lost._trial_id, "record", {
+        "deployment": {}, "layout": "pd", "stage": "simulated", "metrics": {}})
+    bigger = dataclasses.replace(cfg, trials=8)
+    assert_retried_to_the_budget(run_search(bigger, evaluate=constant), lost, 8)
+
+
 def test_a_silent_trial_of_another_host_is_failed_and_asked_again(tmp_path, monkeypatch):
     cfg = config(url(tmp_path, "journal"), trials=4)
     run_search(cfg, evaluate=constant)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import date
 from importlib.metadata import version
@@ -47,8 +49,14 @@ def median_residuals(rows: pd.DataFrame, overheads: dict[str, ServingOverhead], 
                      workers: int) -> dict[str, tuple[float, int]]:
     items = [(row, overheads.get(row.backend, ServingOverhead()), metric)
              for _, row in rows.iterrows()]
+    start, res_list = time.monotonic(), []
     with ProcessPoolExecutor(workers) as pool:
-        res = np.array(list(pool.map(residual, items, chunksize=2)))
+        for i, r in enumerate(pool.map(residual, items, chunksize=2), 1):
+            res_list.append(r)
+            if i % 50 == 0 or i == len(items):  # progress, also when stderr is not a terminal
+                print(f"  {metric}: {i}/{len(items)} rows ({time.monotonic() - start:.0f} s)",
+                      file=sys.stderr, flush=True)
+    res = np.array(res_list)
     out = {}
     for engine in sorted(rows.backend.unique()):
         r = res[(rows.backend == engine).to_numpy() & ~np.isnan(res)]

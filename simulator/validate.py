@@ -7,9 +7,9 @@ TP = moe_tp_size. P/D rows without worker counts are not covered: their layout i
 
 Each row is one measured deployment (aggregated or P/D, any backend) at a fixed concurrency and
 ISL/OSL with its measured TTFT and TPOT. We rebuild its layout as a Deployment, replay the
-benchmark as a closed loop (all clients start at once, as `vllm bench serve --max-concurrency`
-does), simulate, and compare means. Rows we cannot describe honestly are reported as not covered,
-with the reason.
+benchmark as its client ran it (InferenceX's `benchmark_serving.py`: all clients start at once,
+ten requests each, lengths drawn from [0.8 L, L]), simulate, and compare means. Rows we cannot
+describe honestly are reported as not covered, with the reason.
 """
 
 from __future__ import annotations
@@ -171,21 +171,35 @@ def case_from_row(row: pd.Series) -> Case:
     deployment = Deployment(**base)
     workload = Workload.model_validate({
         "arrival": {"kind": "closed", "concurrency": int(conc), "start": CLIENT_START},
-        "requests": int(conc) * WAVES, "input_tokens": {"kind": "fixed", "value": isl},
-        "output_tokens": {"kind": "fixed", "value": osl}, "seed": 0})
+        "requests": int(conc) * WAVES, "input_tokens": client_lengths(isl),
+        "output_tokens": client_lengths(osl), "seed": 0})
     return Case(str(row.id), deployment, workload, float(row.silicon_ttft_ms),
                 float(row.silicon_tpot_ms))
 
 
 CLIENT_START = "burst"
-"""How the replayed benchmark's clients begin. All at once (burst) over-predicts TTFT at
-concurrency 5-64 (median +49 to +59 % on a 300-row sample); spread over one request's duration
-under-predicts it everywhere (median -39 to -85 %, TTFT MAPE 54 -> 90 % on MoE rows), so burst
-stays until a client model between the two is fitted (docs/accuracy.md)."""
+"""How the replayed benchmark's clients begin: all at once, as InferenceX's client sends the
+first `--max-concurrency` requests after its warm-up has drained. Later waves spread out on
+their own as requests of different output lengths end (RANGE_RATIO). A spread start
+under-predicted TTFT at every concurrency when lengths were fixed (docs/accuracy.md)."""
+
+RANGE_RATIO = 0.8
+"""The rows are InferenceX results (their `silicon_data_source` names its database dump, config
+and workflow run). InferenceX's client, `benchmark_serving.py --dataset-name random
+--random-range-ratio 0.8`, draws every prompt and output length uniformly from
+[int(0.8 x L), L] (its workflow default); with `--ignore-eos` each request generates exactly its
+drawn output length, so the clients' requests end at different times and later waves arrive
+spread out instead of all at once."""
+
+
+def client_lengths(length: int) -> dict[str, Any]:
+    """The length distribution the benchmark client draws for a nominal length."""
+    return {"kind": "uniform", "low": max(1, int(length * RANGE_RATIO)), "high": length}
+
 
 WAVES = 10
-"""Requests per client in the replayed benchmark (serving benchmarks commonly send ten times
-the concurrency)."""
+"""Requests per client in the replayed benchmark (InferenceX sends `--num-prompts` ten times
+`--max-concurrency`)."""
 
 
 def default_predictor(deployment: Deployment, workload: Workload) -> dict[str, Any]:

@@ -34,7 +34,11 @@ def test_aggregated_dep_row_becomes_a_dep_deployment(rows):
     agg = case.deployment.aggregated
     assert agg is not None and agg.dep == 8
     assert case.workload.arrival.concurrency == int(row.concurrency)
-    assert case.workload.input_tokens.value == row.isl
+    # InferenceX's client draws lengths uniformly from [int(0.8 L), L]
+    assert (case.workload.input_tokens.low, case.workload.input_tokens.high) == (
+        int(0.8 * row.isl), row.isl)
+    assert (case.workload.output_tokens.low, case.workload.output_tokens.high) == (
+        int(0.8 * row.osl), row.osl)
 
 
 def test_disaggregated_row_has_both_roles(rows):
@@ -87,7 +91,7 @@ def test_unknown_filter_value_is_one_clear_error(capsys):
 def test_serving_overhead_is_fitted_per_engine_and_only_pd_pays_the_handoff():
     from simulator.calibration.serving import in_fit_half, serving_overhead
 
-    agg, pd_ = serving_overhead("sglang", False), serving_overhead("sglang", True)
+    agg, pd_ = serving_overhead("vllm", False), serving_overhead("vllm", True)
     assert agg.handoff_ms == 0.0 and pd_.handoff_ms > 0.0
     assert agg.api_overhead_ms == pd_.api_overhead_ms >= 0.0
     assert serving_overhead("tgi", True).api_overhead_ms == 0.0  # nothing fitted

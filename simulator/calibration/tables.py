@@ -79,7 +79,8 @@ MOE_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"],
 KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4"}
 MLA_GEMM = {"bf16": "bfloat16", "fp8": "fp8_block", "fp4": "fp8_block"}
 FALLBACK = {"fp4": "fp8", "fp8": "bf16"}
-"""When no row has a dtype, price with the next dtype's efficiency (flagged extrapolated)."""
+"""When no row has a dtype, price with the next dtype's efficiency: its measured time over its own
+roofline, applied to the asked dtype's roofline (flagged extrapolated)."""
 
 LATENCY_UNIT_MS = {"all_to_all": 1e-3}
 """Tables whose latency column is not in ms (the all-to-all table is in microseconds)."""
@@ -122,6 +123,15 @@ def _measured_kv(kv_dtype: str) -> tuple[str, int]:
     """The KV dtype whose rows price `kv_dtype`: itself, or fp8 for fp4 KV (no GQA/MLA table
     measures an fp4 cache; the roofline carries the smaller reads), flagged extrapolated."""
     return ("fp8", EXTRAPOLATED) if kv_dtype == "fp4" else (kv_dtype, 0)
+
+
+def _rows_dtype(rows: pd.DataFrame, col: str, table: dict[str, list[str]]) -> str:
+    """Our name for the dtype the rows were measured in (the rows one `_pick_dtype` level
+    keeps share it). Their roofline takes this dtype, not the one asked for, so that a dtype
+    transfer carries the kernel's efficiency (a fallback fp8 row prices fp4 at fp8's fraction
+    of the fp4 roofline) rather than its latency."""
+    got = rows[col].iloc[0] if len(rows) else None
+    return next((ours for ours, names in table.items() if got in names), "bf16")
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -362,7 +372,8 @@ class Calibration:
             return self._pick_dtype(df, "gemm_dtype", GEMM_DTYPES, dtype)
 
         grid = self._grid(("gemm", dtype), "gemm", select, ["m", "n", "k"],
-                          lambda r: rf.gemm(hw, r.m, r.n, r.k, dtype))
+                          lambda r: rf.gemm(hw, r.m, r.n, r.k,
+                                            _rows_dtype(r, "gemm_dtype", GEMM_DTYPES)))
         m = np.atleast_1d(np.asarray(m, dtype=float))
         idle = m <= 0  # a rank with no tokens this step (lock-step DP) does no GEMM
         m = np.maximum(m, 1.0)
@@ -392,8 +403,8 @@ class Calibration:
 
         def roof(r: pd.DataFrame) -> np.ndarray:
             return rf.moe(hw, r.num_tokens, r.hidden_size.to_numpy(), r.inter_size.to_numpy(),
-                          r.topk.to_numpy(), r.num_experts.to_numpy(), r.moe_ep_size, dtype,
-                          r.moe_tp_size.to_numpy())
+                          r.topk.to_numpy(), r.num_experts.to_numpy(), r.moe_ep_size,
+                          _rows_dtype(r, "moe_dtype", MOE_DTYPES), r.moe_tp_size.to_numpy())
 
         grid = self._grid(("moe", hidden, inter, topk, experts, dtype), "moe", select,
                           ["num_tokens", "moe_ep_size", "moe_tp_size"], roof)
@@ -419,7 +430,8 @@ class Calibration:
 
         def roof(r: pd.DataFrame) -> np.ndarray:
             return rf.moe(hw, r.num_tokens, r.hidden_size.to_numpy(), r.inter_size.to_numpy(),
-                          r.topk.to_numpy(), r.num_experts.to_numpy(), r.moe_ep_size, dtype)
+                          r.topk.to_numpy(), r.num_experts.to_numpy(), r.moe_ep_size,
+                          _rows_dtype(r, "moe_dtype", MOE_DTYPES))
 
         grid = self._grid((op, hidden, inter, topk, experts, dtype), op, select,
                           ["num_tokens", "moe_ep_size"], roof)
@@ -440,9 +452,10 @@ class Calibration:
             rows, f2 = self._nearest(rows, {"head_dim": head_dim, "num_key_value_heads": kv_heads})
             return rows, max(floor, f2)
 
-        def roof(r: pd.DataFrame) -> np.ndarray:
+        def roof(r: pd.DataFrame) -> np.ndarray:  # at the KV dtype the rows measured
             return fn(hw, r.batch_size, r[axis], r.num_heads.to_numpy(),
-                      r.num_key_value_heads.to_numpy(), r.head_dim.to_numpy(), kv_dtype)
+                      r.num_key_value_heads.to_numpy(), r.head_dim.to_numpy(),
+                      _measured_kv(kv_dtype)[0])
 
         grid = self._grid((op, kv_heads, head_dim, kv_dtype, window), op, select,
                           ["batch_size", axis, "num_heads"], roof)
@@ -471,12 +484,12 @@ class Calibration:
         context = op == "mla_context"
         axis = "isl" if context else "step"
 
-        def roof_for(s: dict[str, int], b: Any, n: Any, h: Any) -> np.ndarray:
+        def roof_for(s: dict[str, int], b: Any, n: Any, h: Any, kv: str) -> np.ndarray:
             shared, per_head = mla_shape_params(s["hidden"], s["q_lora"], s["kv_lora"],
                                                 s["nope"], s["rope"], s["v"])
             new = n if context else 1.0
             return rf.mla_module(hw, b, new, n, h, per_head, shared, s["kv_lora"], s["rope"],
-                                 weights, kv_dtype)
+                                 weights, kv)
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             kvd, floor = _measured_kv(kv_dtype)
@@ -489,12 +502,12 @@ class Calibration:
         grid = self._grid((op, weights, kv_dtype, tuple(shape.items())), op, select,
                           ["batch_size", axis, "num_heads"],
                           lambda r: roof_for(DSV3_MLA, r.batch_size, r[axis],
-                                             r.num_heads.to_numpy()))
+                                             r.num_heads.to_numpy(), _measured_kv(kv_dtype)[0]))
         b, s = np.broadcast_arrays(np.atleast_1d(np.asarray(batch, dtype=float)),
                                    np.atleast_1d(np.asarray(length, dtype=float)))
         b, s = np.maximum(b, 1.0), np.maximum(s, 1.0)
         pts = np.stack([b, s, np.full_like(b, heads)], axis=1)
-        return self._price(grid, pts, roof_for(shape, b, s, heads), 0.4)
+        return self._price(grid, pts, roof_for(shape, b, s, heads, kv_dtype), 0.4)
 
     def mla_context(self, batch: np.ndarray | float, isl: np.ndarray | float, heads: int,
                     shape: dict[str, int], weights: str, kv_dtype: str) -> Priced:

@@ -212,3 +212,20 @@ def test_a_single_point_query_prices_as_the_batched_query_does() -> None:
             one = [grid.query(query[i:i + 1], roof[i], exact) for i in range(len(query))]
             assert np.allclose(ms, np.concatenate([o[0] for o in one]), rtol=1e-12)
             assert (code == np.concatenate([o[1] for o in one])).all()
+
+
+def test_a_dtype_the_table_lacks_keeps_the_measured_kernels_efficiency():
+    """SGLang's wide-EP expert table measured only fp8; fp4 experts are priced at fp8's
+    fraction of the fp4 roofline, so a memory-bound decode reads half the bytes in about half
+    the time instead of taking fp8's measured latency."""
+    from simulator.calibration import roofline as rf
+
+    hw = load_hardware("gb200")
+    cal = load_calibration(hw, "sglang")
+    args = (np.array([16.0]), 7168, 2048, 8, 256, 4)
+    fp8 = cal.moe_wideep(*args, "fp8", low_latency=True)
+    fp4 = cal.moe_wideep(*args, "fp4", low_latency=True)
+    assert fp8.source == "measured" and fp4.source == "extrapolated"
+    ratio = rf.moe(hw, *args, "fp4") / rf.moe(hw, *args, "fp8")
+    assert float(fp4.ms[0] / fp8.ms[0]) == pytest.approx(float(ratio[0]), rel=1e-6)
+    assert float(fp4.ms[0]) < 0.7 * float(fp8.ms[0])

@@ -3,7 +3,9 @@
 Reading the rows. An instance's GPUs are tp_size x attention_dp_size; attention DP with TP 1 is
 our DEP; TP with moe_ep_size > 1 is TP attention with expert-parallel MoE. Some rows record
 tp_size as the product TP x EP (their ids say "tp8_ep8" where tp_size is 64): those are read as
-TP = moe_tp_size. P/D rows without worker counts are not covered: their layout is unknown.
+TP = moe_tp_size; attention-DP rows that record attention_dp_size as that product (64 where
+moe_tp_size and moe_ep_size are 8) are read as DEP over moe_tp_size GPUs. P/D rows without
+worker counts are not covered: their layout is unknown.
 
 Each row is one measured deployment (aggregated or P/D, any backend) at a fixed concurrency and
 ISL/OSL with its measured TTFT and TPOT. We rebuild its layout as a Deployment, replay the
@@ -119,6 +121,10 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
         # Rows written as tp_size = TP x EP (their ids read "tp8_ep8" where tp_size is 64):
         # the instance is TP=moe_tp GPUs with its experts spread over them.
         tp = mtp
+    elif tp <= 1 and mtp > 1 and ep > 1 and dp == mtp * ep:
+        # Attention-DP rows written the same way (attention_dp_size 64 = moe_tp 8 x moe_ep 8
+        # for ids that read "tp8_ep8", on single 8-GPU nodes): DEP over moe_tp GPUs.
+        dp = mtp
     if instances is None or (isinstance(instances, float) and math.isnan(instances)):
         raise SpecError("P/D worker counts not recorded")
     n = int(instances)

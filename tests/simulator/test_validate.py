@@ -163,3 +163,13 @@ def test_a_sigkilled_validate_leaves_no_worker_behind(tmp_path):
         assert time.monotonic() < end, f"workers {workers} outlived their parent"
         time.sleep(0.2)
 
+
+
+def test_attention_dp_written_as_tp_times_ep_is_read_as_the_node_it_ran_on(rows):
+    """TensorRT-LLM rows whose ids read tp8_ep8 record attention_dp_size 64 (= moe_tp 8 x
+    moe_ep 8) on single 8-GPU nodes: the instance is DEP8, not 64 ranks of one request."""
+    rid = "2026_04_06_deepseek_r1_h200_sxm_trtllm_fp8_agg_8192x1024_c64_tp8_ep8_941"
+    row = rows[rows.id == rid].iloc[0]
+    assert (row.attention_dp_size, row.moe_tp_size, row.moe_ep_size) == (64, 8, 8)
+    agg = case_from_row(row).deployment.aggregated
+    assert agg is not None and agg.dep == 8 and agg.max_num_seqs == 8

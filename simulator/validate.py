@@ -134,7 +134,8 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
               "max_num_batched_tokens": int(max(8192, isl))}
     if dp > 1:  # attention DP, each DP rank a TP group when tp > 1 (vLLM DP x TP x EP)
         a2a = WIDE_EP[name] if engine != "vllm" and moe else None
-        return RoleSpec(dep=dp, tp=tp if tp > 1 else None, all2all_backend=a2a, **common)
+        return RoleSpec(dep=dp, tp=tp if tp > 1 else None, all2all_backend=a2a,
+                        attention_dp_balance=engine == "trtllm", **common)
     return RoleSpec(tp=tp, enable_expert_parallel=moe and ep > 1, **common)
 
 

@@ -29,7 +29,7 @@ from simulator.des.prefix_cache import RankCaches, cached_tokens
 from simulator.des.pricing import StepPricer
 from simulator.des.requests import RequestTable
 from simulator.des.slots import DecodeSlots
-from simulator.specs.deployment import RoleSpec
+from simulator.specs.deployment import ADP_BALANCE_TIMEOUT_STEPS, RoleSpec
 
 
 class Sink(Protocol):
@@ -382,6 +382,8 @@ class AggregatedEngine(DecodeEngine):
                  finish_at_prefill: bool = False) -> None:
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
         self._init_prompts(spec, cache, finish_at_prefill, self._reserve)
+        self._held = 0
+        """Steps new prompts have been held for the other DP ranks (attention_dp_balance)."""
 
     def take_prompt(self, rid: int, rank: int | None = None) -> None:
         """A request to prefill (and then decode) here (on `rank`, or the least busy)."""
@@ -404,6 +406,9 @@ class AggregatedEngine(DecodeEngine):
                 return None
             z = np.zeros(self.dp)
             return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
+        if self._hold_prompts(n):
+            z = np.zeros(self.dp)
+            return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
         budget = np.maximum(self.spec.max_num_batched_tokens - n * (1 + self.spec_tokens), 0)
         self._blocked.clear()
         chunks = self.chunks.plan(budget)
@@ -413,6 +418,18 @@ class AggregatedEngine(DecodeEngine):
             return None
         return StepPlan(n, ctx, chunks.tokens, chunks.requests, chunks.context, chunks,
                         *self._snapshot())
+
+    def _hold_prompts(self, decoding: np.ndarray) -> bool:
+        """Whether this step holds the queued prompts (TensorRT-LLM's attention-DP balance):
+        only while some rank has none to start, every rank has requests to decode and no
+        prompt is half done, for at most ADP_BALANCE_TIMEOUT_STEPS steps in a row."""
+        if (not self.spec.attention_dp_balance or self.dp == 1 or any(self.chunks.running)
+                or all(self.chunks.queues) or not decoding.all()
+                or self._held >= ADP_BALANCE_TIMEOUT_STEPS):
+            self._held = 0
+            return False
+        self._held += 1
+        return True
 
     def apply(self, plan: StepPlan, seconds: float) -> None:
         if plan.decode_requests.any():

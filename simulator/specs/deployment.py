@@ -108,6 +108,12 @@ class RoleSpec(Spec):
     dbo_prefill_token_threshold: int = Field(512, ge=0, le=MAX_CONTEXT_TOKENS)
     """With dbo: a step with prefill work of more tokens per rank than this is split (vLLM's
     default 512)."""
+    attention_dp_balance: bool = False
+    """Hold new prompts until every DP rank has one to start, so that the ranks prefill in the
+    same step instead of one rank's prefill stalling the others' decode; released after
+    ADP_BALANCE_TIMEOUT_STEPS waiting steps, or at once while some rank has nothing to decode
+    (TensorRT-LLM's attention_dp_config enable_balance, timeout_iters 60, batching_wait_iters
+    0; engine trtllm with dep only) (default false)."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """Share of GPU memory the engine may use, in (0, 1] (default 0.9)."""
     cpu_offload_gb: float = Field(0.0, ge=0, le=MAX_HOST_GB)
@@ -132,6 +138,9 @@ class RoleSpec(Spec):
                 f"redundant_experts={self.redundant_experts} needs expert parallelism; "
                 "give dep (or tp with enable_expert_parallel), or set redundant_experts to 0"
             )
+        if self.attention_dp_balance and self.dep is None:
+            raise SpecError("attention_dp_balance=true balances prompts over DP ranks and needs "
+                            "dep; give dep or set attention_dp_balance to false")
         if self.dbo and self.dep is None:
             raise SpecError("dbo=true overlaps the DP ranks' all-to-all and needs dep; give dep "
                             "or set dbo to false")
@@ -219,6 +228,10 @@ class Deployment(Spec):
                 raise SpecError(f"{name}: dbo=true needs all2all_backend in "
                                 f"{', '.join(DBO_BACKENDS)} (vLLM's micro-batching), not "
                                 f"{r.backend(name)!r}")
+            if r.attention_dp_balance and self.engine != "trtllm":
+                raise SpecError(f"{name}: attention_dp_balance=true is TensorRT-LLM's "
+                                f"attention-DP scheduler; engine {self.engine} has none (use "
+                                "engine trtllm, or set attention_dp_balance to false)")
         used = self.gpus_used
         if used > MAX_GPUS:
             parts = ", ".join(
@@ -346,6 +359,11 @@ SM100_HARDWARE = ("b200", "b300", "gb200", "gb300")
 MEGA_MOE_ARCHITECTURES = ("DeepseekV4ForCausalLM",)
 """Architectures vLLM runs on DeepGEMM's MegaMoE kernel (dispatch, expert GEMMs and combine
 fused; vLLM --moe-backend deep_gemm_mega_moe) where it applies."""
+
+
+ADP_BALANCE_TIMEOUT_STEPS = 60
+"""Steps a held prompt waits for the other DP ranks before it starts anyway (TensorRT-LLM's
+attention_dp_config timeout_iters as InferenceX's DeepSeek recipes set it)."""
 
 
 def uses_mega_moe(architecture: str, hardware: str, role: RoleSpec, weights: str) -> bool:

@@ -253,3 +253,14 @@ def test_tp_must_divide_heads() -> None:
         check({"tp": 3}, DENSE)
     with pytest.raises(SpecError, match=r"tp=4 and the 6 KV heads"):
         check({"tp": 4}, StubModel(n_routed_experts=0, num_attention_heads=48, num_kv_heads=6))
+
+
+def test_attention_dp_balance_is_tensorrt_llms_and_needs_dep() -> None:
+    base = {"model": "deepseek-v3", "hardware": "h200"}
+    msg = error({**base, "aggregated": {"dep": 8, "attention_dp_balance": True}})
+    assert "attention_dp_balance=true is TensorRT-LLM's" in msg and "engine vllm" in msg
+    assert "needs dep" in error({**base, "engine": "trtllm",
+                                 "aggregated": {"tp": 8, "attention_dp_balance": True}})
+    ok = load_deployment({**base, "engine": "trtllm",
+                          "aggregated": {"dep": 8, "attention_dp_balance": True}})
+    assert ok.aggregated is not None and ok.aggregated.attention_dp_balance

@@ -131,12 +131,21 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
     ranks = dp if dp > 1 else tp
     seqs = max(1, math.ceil(concurrency / (n * ranks if dp > 1 else n)))
     common = {"instances": n, "max_num_seqs": seqs,
-              "max_num_batched_tokens": int(max(8192, isl))}
+              "max_num_batched_tokens": batched_tokens(engine, name, concurrency, isl)}
     if dp > 1:  # attention DP, each DP rank a TP group when tp > 1 (vLLM DP x TP x EP)
         a2a = WIDE_EP[name] if engine != "vllm" and moe else None
         return RoleSpec(dep=dp, tp=tp if tp > 1 else None, all2all_backend=a2a,
                         attention_dp_balance=engine == "trtllm", **common)
     return RoleSpec(tp=tp, enable_expert_parallel=moe and ep > 1, **common)
+
+
+def batched_tokens(engine: str, role: str, concurrency: float, isl: float) -> int:
+    """Tokens per step and rank: InferenceX's aggregated TensorRT-LLM recipes pass
+    --max_num_tokens = concurrency + ISL + 64 rounded up to 64, at least 8,192, so that a
+    prompt is never chunked; elsewhere max(8192, ISL)."""
+    if engine == "trtllm" and role == "aggregated":
+        return max(8192, math.ceil((concurrency + isl + 64) / 64) * 64)
+    return int(max(8192, isl))
 
 
 def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurrency: float,

@@ -173,3 +173,13 @@ def test_attention_dp_written_as_tp_times_ep_is_read_as_the_node_it_ran_on(rows)
     assert (row.attention_dp_size, row.moe_tp_size, row.moe_ep_size) == (64, 8, 8)
     agg = case_from_row(row).deployment.aggregated
     assert agg is not None and agg.dep == 8 and agg.max_num_seqs == 8
+
+
+def test_tensorrt_llm_rows_batch_a_whole_prompt_as_its_recipes_do(rows):
+    row = rows[(rows.backend == "trtllm") & (rows["mode"] == "agg") & (rows.isl == 8192)
+               & (rows.concurrency == 256)].iloc[0]
+    agg = case_from_row(row).deployment.aggregated
+    assert agg is not None and agg.max_num_batched_tokens == 8512  # 256 + 8192 + 64, by 64
+    vllm = rows[(rows.backend == "vllm") & (rows["mode"] == "agg") & (rows.isl == 1024)].iloc[0]
+    other = case_from_row(vllm).deployment.aggregated
+    assert other is not None and other.max_num_batched_tokens == 8192

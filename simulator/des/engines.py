@@ -401,12 +401,9 @@ class AggregatedEngine(DecodeEngine):
 
     def plan(self) -> StepPlan | None:
         n, ctx = self.slots.batch()
-        if not self.chunks.has_work():
+        if not self.chunks.has_work() or self._hold_prompts(n):  # a decode-only step
             if not n.any():
                 return None
-            z = np.zeros(self.dp)
-            return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
-        if self._hold_prompts(n):
             z = np.zeros(self.dp)
             return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
         budget = np.maximum(self.spec.max_num_batched_tokens - n * (1 + self.spec_tokens), 0)

@@ -6,6 +6,8 @@ Every function is vectorised over its array arguments.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec
@@ -118,7 +120,8 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
                      params: ArrayLike, heads: ArrayLike, qk_dim: float, v_dim: float, window: int,
                      ratio: int, topk: int, index_heads: int, index_dim: int,
                      entry_bytes: float, index_bytes: float, weights: str = "fp8",
-                     bound: str = "both") -> np.ndarray:
+                     bound: str = "both", index_cap: float = math.inf,
+                     window_bytes: float | None = None) -> np.ndarray:
     """One layer of compressed / sparse attention (DeepSeek-V4 SWA, CSA, HCA; V3.2 DSA) with its
     projections: `batch` requests of `new` tokens after `past` cached ones.
 
@@ -128,14 +131,18 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
     is the sum of the projection and indexer time (weights' dtype) and the attention core
     (bf16); memory is weights + the entries each request reads + the query/output activations.
     `bound` "compute" or "memory" gives that side alone (default "both": the larger).
+    `index_cap`: the most keys the indexer scores per query (DeepSeek-V4.1's re-indexing layers
+    score only the candidates another layer picked); `window_bytes`: bytes of a raw window
+    entry when it is stored apart from the compressed ones (V4.1: fp8 window, fp4 records).
     """
+    wbytes = entry_bytes if window_bytes is None else window_bytes
     point = (batch, new, past, params, heads)
     if bound == "both" and all(np.size(v) == 1 for v in point):
         shape = max((np.shape(v) for v in point), key=len)
         b1, n1, p1, w1, h1 = (float(np.asarray(v, dtype=float).ravel()[0]) for v in point)
         return np.full(shape, _sparse_attention_one(
             hw, b1, n1, p1, w1, h1, qk_dim, v_dim, window, ratio, topk, index_heads, index_dim,
-            entry_bytes, index_bytes, weights))
+            entry_bytes, index_bytes, weights, index_cap, wbytes))
     batch, new, past = (np.asarray(v, dtype=float) for v in (batch, new, past))
     tokens = batch * new
     seen = past + np.where(new > 1, (new + 1) / 2, new)  # mean context of a new token
@@ -148,14 +155,22 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
         comp = c / ratio
         return raw + (np.minimum(comp, topk) if topk else comp)
 
+    def raw(c: np.ndarray) -> np.ndarray:
+        return np.minimum(c, window) if window else np.zeros_like(c)
+
     core = tokens * 2 * heads * (qk_dim + v_dim) * entries(seen)
-    indexer = tokens * 2 * index_heads * index_dim * seen / max(ratio, 1) if topk else 0.0
+    indexer = (tokens * 2 * index_heads * index_dim * np.minimum(seen / max(ratio, 1), index_cap)
+               if topk else 0.0)
     compute = ((2 * tokens * params + indexer) / hw.peak_flops(weights)
                + core / hw.peak_flops("bf16"))
-    reads = np.where(new > 1, (np.minimum(end, window) if window else 0.0)
-                     + (end / ratio if ratio else 0.0), entries(end))
-    keys = end / max(ratio, 1) * index_bytes if topk else 0.0
-    nbytes = (params * DTYPE_BYTES[weights] + batch * (reads * entry_bytes + keys)
+    comp = (end / ratio if ratio else 0.0) * np.ones_like(end)
+    if ratio and topk:
+        comp = np.where(new > 1, comp, np.minimum(comp, topk))
+    held = raw(end)
+    reads = (held + comp) * entry_bytes if wbytes == entry_bytes else (
+        held * wbytes + comp * entry_bytes)
+    keys = np.minimum(end / max(ratio, 1), index_cap) * index_bytes if topk else 0.0
+    nbytes = (params * DTYPE_BYTES[weights] + batch * (reads + keys)
               + tokens * heads * v_dim * 2 * 2)
     sides = {"compute": lambda: compute * np.ones_like(tokens),
              "memory": lambda: nbytes / hw.hbm_bytes_s,
@@ -167,7 +182,7 @@ def _sparse_attention_one(hw: HardwareSpec, batch: float, new: float, past: floa
                           params: float, heads: float, qk_dim: float, v_dim: float,
                           window: int, ratio: int, topk: int, index_heads: int,
                           index_dim: int, entry_bytes: float, index_bytes: float,
-                          weights: str) -> float:
+                          weights: str, index_cap: float, wbytes: float) -> float:
     """`sparse_attention` of one point in plain floats (a step prices one or two points, and
     numpy's per-call cost dominates at that size): the same operations in the same order."""
     tokens = batch * new
@@ -181,16 +196,22 @@ def _sparse_attention_one(hw: HardwareSpec, batch: float, new: float, past: floa
         comp = c / ratio
         return raw + (min(comp, topk) if topk else comp)
 
+    def raw(c: float) -> float:
+        return min(c, window) if window else 0.0
+
     core = tokens * 2 * heads * (qk_dim + v_dim) * entries(seen)
-    indexer = tokens * 2 * index_heads * index_dim * seen / max(ratio, 1) if topk else 0.0
+    indexer = (tokens * 2 * index_heads * index_dim * min(seen / max(ratio, 1), index_cap)
+               if topk else 0.0)
     compute = ((2 * tokens * params + indexer) / hw.peak_flops(weights)
                + core / hw.peak_flops("bf16"))
-    if new > 1:
-        reads = (min(end, window) if window else 0.0) + (end / ratio if ratio else 0.0)
-    else:
-        reads = entries(end)
-    keys = end / max(ratio, 1) * index_bytes if topk else 0.0
-    nbytes = (params * DTYPE_BYTES[weights] + batch * (reads * entry_bytes + keys)
+    comp = end / ratio if ratio else 0.0
+    if ratio and topk and new <= 1:
+        comp = min(comp, topk)
+    held = raw(end)
+    reads = (held + comp) * entry_bytes if wbytes == entry_bytes else (
+        held * wbytes + comp * entry_bytes)
+    keys = min(end / max(ratio, 1), index_cap) * index_bytes if topk else 0.0
+    nbytes = (params * DTYPE_BYTES[weights] + batch * (reads + keys)
               + tokens * heads * v_dim * 2 * 2)
     return max(compute, nbytes / hw.hbm_bytes_s) * 1e3
 

@@ -11,10 +11,11 @@ interpolation grids and the few numbers read off them) is kept in a disk cache
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,17 +25,18 @@ import numpy as np
 from simulator.calibration import roofline as rf
 from simulator.calibration.cache import cached
 from simulator.calibration.grid import EXTRAPOLATED, ROOFLINE, SOURCES, Grid, worst
-from simulator.specs.attention import DSV4_ENTRY_BYTES, INDEXER_KEY_BYTES
+from simulator.specs.attention import DSV4, DSV4_ENTRY_BYTES, INDEXER_KEY_BYTES
 from simulator.specs.attention import kind as kind_of
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec
+from simulator.specs.model import load_model
 from simulator.specs.topology import all_to_all_rate
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from simulator.cost.step import Instance
-    from simulator.specs.attention import DSV4
+    from simulator.specs.attention import CSA2
     from simulator.specs.model import ModelSpec
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -117,6 +119,14 @@ MEASURED_HIDDEN = {"DeepSeek-V3.2": 7168, "GLM-5": 6144, "DeepSeek-V4-Flash-FP8"
                    "DeepSeek-V4-Flash": 4096, "DeepSeek-V4-Pro": 7168}
 """Hidden size of the models the sparse-attention tables name in their `model` column, to
 pick a model's own rows where a table spans several."""
+
+
+def _v4_proxy(m: ModelSpec) -> ModelSpec:
+    """The DeepSeek-V4 preset whose measured attention kernels price a V4.1 model's: the one
+    with as many attention heads, else the nearest hidden size (V4.1-Flash: V4-Flash)."""
+    v4 = [load_model(name) for name in ("deepseek-v4-flash", "deepseek-v4-pro")]
+    same = [x for x in v4 if x.num_attention_heads == m.num_attention_heads] or v4
+    return min(same, key=lambda x: abs(math.log(x.hidden / m.hidden)))
 
 
 def _measured_kv(kv_dtype: str) -> tuple[str, int]:
@@ -592,20 +602,7 @@ class Calibration:
         swa = kind.ratio == 0
         fam = "csa" if kind.ratio == 4 else "hca"
         op = f"dsv4_{fam}_{'context' if context else 'generation'}"
-        entry = kind.entry_bytes(m, inst.kv_cache)
-        proxy = kind_of("hca") if swa else kind
-        params = proxy.params(m) / (1 if inst.expert_parallel else inst.tp)
-        idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
-        hw = self.hardware
-
-        def roof(b: Any, n: Any, p: Any, h: Any) -> np.ndarray:
-            r = getattr(proxy, "ratio", 0)
-            return rf.sparse_attention(
-                hw, b, n, p, params=params, heads=h, qk_dim=m.head_dim, v_dim=m.head_dim,
-                window=m.sliding_window, ratio=r, topk=m.sparse_topk if r == 4 else 0,
-                index_heads=m.index_n_heads, index_dim=m.index_head_dim, entry_bytes=entry,
-                index_bytes=idx)
-
+        roof = self._dsv4_module_roof(kind, inst)
         if swa:  # the window is all an SWA layer reads, whatever the context
             past = np.minimum(past, m.sliding_window)
         key = (op, m.architecture, m.num_attention_heads, inst.kv_cache, inst.indexer_cache,
@@ -632,6 +629,85 @@ class Calibration:
                           - self.dsv4_kernel(kernel, inst, b, kn, inside).ms, 0.0)
         return Priced(got.ms + np.where(beyond, grow, 0.0), SOURCES[max(
             SOURCES.index(got.source), EXTRAPOLATED)], got.table)
+
+    def _dsv4_module_roof(self, kind: DSV4, inst: Instance
+                          ) -> Callable[[Any, Any, Any, Any], np.ndarray]:
+        """The roofline of one V4 attention layer of `kind` on `inst` at (batch, new, past,
+        local heads): an SWA-only layer as HCA's, whose module prices it."""
+        m = inst.model
+        entry = kind.entry_bytes(m, inst.kv_cache)
+        proxy = kind_of("hca") if kind.ratio == 0 else kind
+        params = proxy.params(m) / (1 if inst.expert_parallel else inst.tp)
+        idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
+        hw = self.hardware
+        r = getattr(proxy, "ratio", 0)
+
+        def roof(b: Any, n: Any, p: Any, h: Any) -> np.ndarray:
+            return rf.sparse_attention(
+                hw, b, n, p, params=params, heads=h, qk_dim=m.head_dim, v_dim=m.head_dim,
+                window=m.sliding_window, ratio=r, topk=m.sparse_topk if r == 4 else 0,
+                index_heads=m.index_n_heads, index_dim=m.index_head_dim, entry_bytes=entry,
+                index_bytes=idx)
+
+        return roof
+
+    def dsv41_module(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,
+                     new: np.ndarray, past: np.ndarray) -> Priced:
+        """One DeepSeek-V4.1 (CSA2) layer of `kind` but its indexer's scoring: projections,
+        compressor and the window + top-k attention, by transfer from V4's measured CSA module
+        (no shipped table measures V4.1). The V4 module is taken where it reads as many
+        compressed entries (the same batch and new tokens after 4 x the records the V4.1
+        layer reads: top-k at most; a window-only layer at its window), and its efficiency
+        there (its own roofline over its measured time) applied to this layer's roofline (its
+        heads, widths, record bytes). Flagged extrapolated."""
+        m, hw = inst.model, self.hardware
+        heads = max(m.num_attention_heads // inst.tp, 1)
+        pinst, csa = replace(inst, model=_v4_proxy(m), kv_cache="fp8"), kind_of("csa")
+        assert isinstance(csa, DSV4)
+        b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
+                                        for v in (batch, new, past)))
+        ratio = kind.reads
+        p4 = (4 * np.minimum(p / ratio, m.sparse_topk) if ratio
+              else np.minimum(p, m.sliding_window))
+        v4 = self.dsv4_module(csa, context, pinst, b, n, p4)
+        v4_roof = self._dsv4_module_roof(csa, pinst)(b, n, p4, heads)
+        own = rf.sparse_attention(
+            hw, b, n, p, params=kind.params(m) / (1 if inst.expert_parallel else inst.tp),
+            heads=heads, qk_dim=m.head_dim, v_dim=m.head_dim, window=m.sliding_window,
+            ratio=ratio, topk=m.sparse_topk if ratio else 0, index_heads=0, index_dim=0,
+            entry_bytes=kind.record_bytes(m, inst.kv_cache), index_bytes=0.0,
+            window_bytes=kind.window_bytes(m, inst.kv_cache))
+        return Priced(own * v4.ms / v4_roof, SOURCES[max(SOURCES.index(v4.source),
+                                                         EXTRAPOLATED)], v4.table)
+
+    def dsv41_indexer(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,
+                      new: np.ndarray, past: np.ndarray) -> Priced | None:
+        """The scoring of one DeepSeek-V4.1 layer's indexer (all its source's keys, or at most
+        `candidate_pool` of them; None for a layer without one), by transfer from V4's
+        measured indexer kernel (`dsv4_paged_mqa_logits`, beyond its range by what it reads
+        and computes) at the context where it scores as many keys, its efficiency applied to
+        this layer's roofline (its index heads and key bytes). Flagged extrapolated."""
+        if kind.index == "none":
+            return None
+        m, hw = inst.model, self.hardware
+        heads = max(m.num_attention_heads // inst.tp, 1)
+        pinst = replace(inst, model=_v4_proxy(m), kv_cache="fp8")
+        b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
+                                        for v in (batch, new, past)))
+        kn = n if context else np.ones_like(n)
+        half = kn / 2 if context else 0.0  # a prefill chunk's mean new token sits halfway
+        cap = m.candidate_pool if kind.index == "candidates" else math.inf
+        # V4 scores (past + i) / 4 keys for its i-th new token: the past that scores as many
+        # keys on average as this layer does
+        p4 = np.maximum(4 * np.minimum((p + half) / kind.reads, cap) - half, 0.0)
+        got = self.dsv4_kernel("dsv4_indexer", pinst, b, kn, p4)
+        v4_roof, _ = self._dsv4_kernel_roof("dsv4_indexer", pinst)
+        own = rf.sparse_attention(
+            hw, b, kn, p, params=0.0, heads=0, qk_dim=0, v_dim=0, window=0, ratio=kind.reads,
+            topk=1, index_heads=m.index_n_heads, index_dim=m.index_head_dim, entry_bytes=0.0,
+            index_bytes=INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim), index_cap=cap)
+        return Priced(own * got.ms / v4_roof(b, kn, p4, heads),
+                      SOURCES[max(SOURCES.index(got.source), EXTRAPOLATED)], got.table)
 
     def dsv4_growth(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,
                     start: np.ndarray, stop: np.ndarray) -> np.ndarray:

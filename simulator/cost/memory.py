@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from simulator.specs.deployment import RoleSpec
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import HardwareSpec
-from simulator.specs.model import ModelSpec
+from simulator.specs.model import HOST_COMPONENTS, ModelSpec
 
 GIB = 1024 ** 3
 RESERVE_GB = 3.5
@@ -56,7 +56,7 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
     layers are loaded only when the role decodes speculatively with them, their routed
     experts spread over the EP ranks like the others.
     """
-    wb = model.weight_bytes(weights)
+    wb = {k: v for k, v in model.weight_bytes(weights).items() if k not in HOST_COMPONENTS}
     mtp = wb["mtp"] if role.speculative is not None else 0.0
     mtp_experts = 0.0
     if mtp and model.is_moe:
@@ -100,6 +100,16 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
     )
 
 
+def host_weights_per_gpu(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec,
+                         weights: str) -> float:
+    """Bytes of host memory per GPU that weights kept in host memory take (V4.1's Engram
+    tables): one copy per instance on each host, shared by its DP ranks there (vLLM's
+    --engram-config dp_shared_memory), over the instance's GPUs on that host."""
+    wb = model.weight_bytes(weights)
+    held = sum(wb[k] for k in HOST_COMPONENTS if k in wb)
+    return held / min(role.ranks, hardware.gpus_per_host) if held else 0.0
+
+
 def check_memory(name: str, model: ModelSpec, hardware: HardwareSpec, role: RoleSpec,
                  weights: str, kv_cache: str, min_kv_tokens: int | None = None,
                  indexer: str = "fp8") -> RankMemory:
@@ -108,10 +118,12 @@ def check_memory(name: str, model: ModelSpec, hardware: HardwareSpec, role: Role
     The KV pool must hold at least `min_kv_tokens` (default: one max_num_batched_tokens chunk).
     """
     mem = rank_memory(model, hardware, role, weights, kv_cache, indexer)
-    host = (role.cpu_offload_gb + role.host_cache_gb) * GIB
+    tables = host_weights_per_gpu(model, hardware, role, weights)
+    host = (role.cpu_offload_gb + role.host_cache_gb) * GIB + tables
     if host > hardware.host_gb * 1e9:
+        held = f" plus {tables / 1e9:.0f} GB of Engram tables" if tables else ""
         raise SpecError(f"{name}: cpu_offload_gb={role.cpu_offload_gb:g} plus "
-                        f"host_cache_gb={role.host_cache_gb:g} GiB exceed the "
+                        f"host_cache_gb={role.host_cache_gb:g} GiB{held} exceed the "
                         f"{hardware.host_gb:.0f} GB of host memory per GPU of {hardware.name}")
     need = min_kv_tokens if min_kv_tokens is not None else role.max_num_batched_tokens
     if mem.kv_tokens < need:

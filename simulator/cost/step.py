@@ -200,13 +200,66 @@ def _per_rank(a: np.ndarray, ranks: int) -> np.ndarray:
     return np.broadcast_to(a, (ranks,)) if a.size == 1 else a
 
 
+REPLAY_TRIM_MIN_TOKENS = 768
+"""A step with prompt work of fewer tokens on every rank runs DeepSeek-V4.1's late layers on
+whole prompt chunks where it runs as a CUDA graph (vLLM's decoder_replay_trim_threshold;
+prefill instances run eager steps, which always trim). Sequence parallelism (expert parallel
+with TP attention and MegaMoE or DP) turns the bounded replay off (vllm/models/deepseek_v41/
+nvidia/model.py)."""
+
+
+def bounded_replay(inst: Instance) -> bool:
+    """Whether `inst` runs V4.1's bounded replay: the late layers prefill each chunk's last
+    window only, and a prefix hit recomputes its last window (its window entries are not
+    cached) instead of keeping them."""
+    m = inst.model
+    return m.replay_from < m.layers and not (
+        inst.tp > 1 and inst.ep > 1 and (inst.mega_moe or inst.dp > 1))
+
+
+def prefix_rewind(inst: Instance) -> int:
+    """Tokens of a prefix-cache hit that `inst` computes again: the window with V4.1's
+    bounded replay (a hit of no more is not used at all; vLLM's scheduler), else 0."""
+    return inst.model.sliding_window if bounded_replay(inst) else 0
+
+
+def _tail(inst: Instance, tokens: np.ndarray, pre_tok: np.ndarray,
+          pre_req: np.ndarray) -> np.ndarray | None:
+    """Prompt tokens per rank the layers from `replay_from` on compute in this step: each
+    prompt chunk's last `sliding_window` tokens (the causal encoder-decoder's bounded replay;
+    V4.1); None when every layer computes every token."""
+    m = inst.model
+    if not bounded_replay(inst) or not pre_tok.any() or (
+            inst.role != "prefill" and float(tokens.max()) < REPLAY_TRIM_MIN_TOKENS):
+        return None
+    isl = pre_tok / np.maximum(pre_req, 1)
+    out: np.ndarray = pre_req * np.minimum(isl, m.sliding_window)
+    return out
+
+
+def _groups(inst: Instance, tokens: np.ndarray, pre_tok: np.ndarray,
+            tail: np.ndarray | None) -> list[tuple[int, int, np.ndarray]]:
+    """(layers, MoE layers, tokens per rank) of each group of layers that computes the same
+    tokens: every layer, or, with a `tail`, the layers before `replay_from` on every token and
+    those from it on the decode tokens and each prompt chunk's tail."""
+    m = inst.model
+    moe = m.moe_layers if m.is_moe else 0
+    if tail is None:
+        return [(m.layers, moe, tokens)]
+    cut = m.replay_from
+    late = max(m.layers - max(cut, m.dense_layers), 0) if moe else 0
+    return [(cut, moe - late, tokens), (m.layers - cut, late, tokens - pre_tok + tail)]
+
+
 def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ctx: np.ndarray,
                pre_tok: np.ndarray, pre_req: np.ndarray, pre_ctx: np.ndarray,
-               led: _Ledger) -> np.ndarray:
-    """Per-rank ms of every attention layer of the model, each priced by its kind."""
+               led: _Ledger, tail: np.ndarray | None = None) -> np.ndarray:
+    """Per-rank ms of every attention layer of the model, each priced by its kind; with a
+    `tail`, the layers from `replay_from` on prefill only each chunk's last window."""
     m = inst.model
     out = np.zeros_like(decode_b)
     dec, pre = decode_b > 0, pre_tok > 0
+    late = dict(m.replay_kinds) if tail is not None else {}
 
     def book(kind: str, phase: str, ranks: np.ndarray, layers: int,
              parts: dict[str, Priced]) -> None:
@@ -223,8 +276,20 @@ def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ct
                 cal, inst, decode_b[dec] * (1 + inst.spec_tokens), decode_ctx[dec]))
         if pre.any():
             isl = pre_tok[pre] / np.maximum(pre_req[pre], 1)
-            book(kind.name, "prefill", pre, layers,
-                 kind.prefill(cal, inst, pre_req[pre], isl, pre_ctx[pre]))
+            replayed = late.get(kind.name, 0)
+            if layers > replayed:
+                book(kind.name, "prefill", pre, layers - replayed,
+                     kind.prefill(cal, inst, pre_req[pre], isl, pre_ctx[pre]))
+            if replayed:  # each chunk's last window, after the rest of the chunk
+                last = np.minimum(isl, m.sliding_window)
+                book(kind.name, "prefill_tail", pre, replayed,
+                     kind.prefill(cal, inst, pre_req[pre], last, pre_ctx[pre] + isl - last))
+    if late and pre.any():  # the cut layer's compressor writes records for every token
+        cut = m.layer_kind_names()[m.replay_from]
+        kv = cal.gemm(pre_tok[pre], m.head_dim, m.hidden, "bf16")
+        keys = cal.gemm(pre_tok[pre], m.index_head_dim, m.head_dim, "bf16")
+        book(cut, "prefill", pre, 1, {"compressor": type(kv)(kv.ms + keys.ms, kv.source,
+                                                               kv.table)})
     return out
 
 
@@ -259,6 +324,9 @@ class _Open:
     draft: tuple[float, float] | None
     """MTP: (decode requests / tokens of the busiest ranks, lm_head ms); None without it."""
     accepted: float
+    late: tuple[int, float] | None = None
+    """V4.1 prefill: (MoE layers from `replay_from` on, their share of the step's tokens);
+    None when every layer computes every token."""
 
 
 @dataclass(frozen=True)
@@ -286,7 +354,10 @@ def _rank_columns(batch: Batch, dp: int) -> tuple[np.ndarray, np.ndarray, np.nda
 def rank_attention_ms(inst: Instance, batch: Batch, cal: Calibration) -> np.ndarray:
     """Each DP rank's ms of every attention layer for `batch` (the step waits for the
     largest)."""
-    return _attention(inst, cal, *_rank_columns(batch, inst.dp), _Ledger())
+    cols = _rank_columns(batch, inst.dp)
+    dec_b, _, pre_tok, pre_req, _ = cols
+    tail = _tail(inst, dec_b * (1 + inst.spec_tokens) + pre_tok, pre_tok, pre_req)
+    return _attention(inst, cal, *cols, _Ledger(), tail)
 
 
 def open_step(inst: Instance, batch: Batch, cal: Calibration) -> OpenStep:
@@ -352,12 +423,23 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
                         0.0)
     logits = dec_b * (1 + spec) + pre_req
 
+    # V4.1's late layers prefill only each chunk's last window: the layers fall in groups
+    # that compute the same tokens (one group for every other model).
+    tail = _tail(inst, tokens, pre_tok, pre_req)
+    groups = _groups(inst, tokens, pre_tok, tail)
+
     # Attention: every layer, slowest DP rank.
-    attn = _attention(inst, cal, dec_b, dec_ctx, pre_tok, pre_req, pre_ctx, led)
+    attn = _attention(inst, cal, dec_b, dec_ctx, pre_tok, pre_req, pre_ctx, led, tail)
     _charge_parts(led, "attention", "attention.", float(attn.max()))
     if m.hc_mult > 1:  # V4 hyper-connections: pre and post mixing around both sublayers
-        mhc = cal.mhc(tokens, m.hidden, m.hc_mult, m.hc_sinkhorn_iters)
-        led.add("other", "mhc", mhc, m.layers * float(mhc.ms.max()))
+        for layers, _, work in groups:
+            mhc = cal.mhc(work, m.hidden, m.hc_mult, m.hc_sinkhorn_iters)
+            led.add("other", "mhc", mhc, layers * float(mhc.ms.max()))
+    if m.engram_layers:  # V4.1 Engram: project the gathered n-gram rows (in encoder layers;
+        # the gathers come from host memory ahead of use, on a side stream)
+        eng = cal.gemm(tokens, (m.hc_mult + 1) * m.hidden // inst.tp, m.engram_key_width(),
+                       inst.weights)
+        led.add("other", "engram", eng, m.engram_layers * float(eng.ms.max()))
 
     # Dense MLP layers and the shared experts run on each rank's own tokens.
     if m.dense_layers:
@@ -368,25 +450,30 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     moe_layers = m.moe_layers if m.is_moe else 0
     if moe_layers and m.n_shared_experts:
         inter = m.n_shared_experts * m.moe_intermediate // inst.tp
-        up = cal.gemm(tokens, 2 * inter, m.hidden, inst.weights)
-        down = cal.gemm(tokens, m.hidden, inter, inst.weights)
-        led.add("moe", "shared_experts", up, moe_layers * float((up.ms + down.ms).max()))
+        for _, moe, work in groups:
+            up = cal.gemm(work, 2 * inter, m.hidden, inst.weights)
+            down = cal.gemm(work, m.hidden, inter, inst.weights)
+            led.add("moe", "shared_experts", up, moe * float((up.ms + down.ms).max()))
 
     # The router; the routed experts are priced by `_close`, after everything else.
     ep = inst.ep
     even = float(tokens.sum() * m.top_k / ep)
     if moe_layers:
-        router = cal.gemm(tokens, m.n_routed_experts, m.hidden, "bf16")
-        # Hash-routed layers (V4) look their experts up by token id: no gate GEMM.
-        gated = max(moe_layers - m.hash_layers, 0)
-        led.add("moe", "router", router, gated * float(router.ms.max()))
+        hashed = m.hash_layers  # hash-routed layers (V4, the first ones) look their experts
+        for _, moe, work in groups:  # up by token id: no gate GEMM
+            router = cal.gemm(work, m.n_routed_experts, m.hidden, "bf16")
+            gated = max(moe - hashed, 0)
+            hashed = max(hashed - moe, 0)
+            led.add("moe", "router", router, gated * float(router.ms.max()))
         led.parts["routed_experts"], led.provenance["routed_experts"] = 0.0, ""  # its place
         if ep > 1 and dp > 1 and not inst.mega_moe:  # DP ranks exchange tokens; a TP group
             # already holds them all, and MegaMoE exchanges them inside its kernel
-            _token_exchange(inst, cal, tokens, moe_layers, led)
+            for _, moe, work in groups:
+                _token_exchange(inst, cal, work, moe, led)
     if inst.tp > 1:
-        ar = cal.allreduce(tokens.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)
-        led.add("communication", "allreduce", ar, 2 * m.layers * float(ar.ms.max()))
+        for layers, _, work in groups:
+            ar = cal.allreduce(work.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)
+            led.add("communication", "allreduce", ar, 2 * layers * float(ar.ms.max()))
 
     head = cal.gemm(logits, m.vocab // inst.tp, m.hidden, "bf16")
     led.add("dense", "lm_head", head, float(head.ms.max()))
@@ -394,8 +481,11 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     if spec and dec_b.any():
         draft = (float(dec_b.max() / max(tokens.max(), 1)), float(head.ms.max()))
     accepted = dec_b * _expected_accepted(spec, inst.spec_acceptance) + pre_tok
+    late = None
+    if len(groups) > 1:
+        late = (groups[1][1], float(groups[1][2].sum() / tokens.sum()))
     return _Open(led, even, bool(dec_b.sum() > 0 and pre_tok.sum() == 0), draft,
-                 float(accepted.sum()))
+                 float(accepted.sum()), late)
 
 
 def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -> StepTime:
@@ -407,22 +497,15 @@ def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -
     led.ms, led.parts, led.provenance = dict(src.ms), dict(src.parts), dict(src.provenance)
     moe_layers = m.moe_layers if m.is_moe else 0
     if moe_layers:  # the most-loaded EP rank sets the pace
-        ep, dp = inst.ep, inst.dp
         received = opened.even if top is None else top
-        expert_dtype = m.expert_weights(inst.weights)
-        group_tokens = received * ep / m.top_k  # a balanced group loading every rank so
-        if dp > 1 and inst.mega_moe:  # one fused kernel: its exchange is inside
-            experts = cal.mega_moe(group_tokens / ep, m.hidden, m.moe_intermediate, m.top_k,
-                                   m.n_routed_experts, ep, expert_dtype, opened.decode_only,
-                                   inst.a2a_bandwidth)
-        elif dp > 1 and inst.all2all.startswith("deepep"):  # wide EP: only routed tokens arrive
-            experts = cal.moe_wideep(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
-                                     m.n_routed_experts, ep, expert_dtype,
-                                     inst.all2all == "deepep_low_latency")
-        else:  # every rank sees every token (TP, or all-gather EP)
-            experts = cal.moe(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
-                              m.n_routed_experts, ep, expert_dtype, tp=inst.moe_tp)
-        led.add("moe", "routed_experts", experts, moe_layers * float(experts.ms.max()))
+        experts = _routed(inst, cal, received, opened.decode_only)
+        ms = moe_layers * float(experts.ms.max())
+        if opened.late is not None:  # the late layers route only the tail's tokens
+            layers, share = opened.late
+            tail = _routed(inst, cal, received * share, opened.decode_only)
+            ms = (moe_layers - layers) * float(experts.ms.max()) + layers * float(
+                tail.ms.max())
+        led.add("moe", "routed_experts", experts, ms)
 
     spec = inst.spec_tokens
     if opened.draft is not None:  # MTP draft: `spec` single-layer passes at the decode batch
@@ -442,6 +525,25 @@ def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -
         f"roofline (assumed fixed {inst.step_overhead_ms} ms per step)")
     total = float(sum(led.ms.values()))
     return StepTime(total, dict(led.ms), led.provenance, led.parts, opened.accepted)
+
+
+def _routed(inst: Instance, cal: Calibration, received: float, decode_only: bool) -> Priced:
+    """One MoE layer's routed experts on the EP rank that receives `received` token-to-expert
+    assignments, on the instance's expert kernel."""
+    m, ep, dp = inst.model, inst.ep, inst.dp
+    expert_dtype = m.expert_weights(inst.weights)
+    group_tokens = received * ep / m.top_k  # a balanced group loading every rank so
+    if dp > 1 and inst.mega_moe:  # one fused kernel: its exchange is inside
+        return cal.mega_moe(group_tokens / ep, m.hidden, m.moe_intermediate, m.top_k,
+                            m.n_routed_experts, ep, expert_dtype, decode_only,
+                            inst.a2a_bandwidth)
+    if dp > 1 and inst.all2all.startswith("deepep"):  # wide EP: only routed tokens arrive
+        return cal.moe_wideep(group_tokens, m.hidden, m.moe_intermediate, m.top_k,
+                              m.n_routed_experts, ep, expert_dtype,
+                              inst.all2all == "deepep_low_latency")
+    # every rank sees every token (TP, or all-gather EP)
+    return cal.moe(group_tokens, m.hidden, m.moe_intermediate, m.top_k, m.n_routed_experts,
+                   ep, expert_dtype, tp=inst.moe_tp)
 
 
 def _charge_parts(led: _Ledger, category: str, prefix: str, total: float) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import simpy
 
 from simulator.cost import StepTime
+from simulator.cost.step import prefix_rewind
 from simulator.des.chunks import Chunking, ChunkPlan, ChunkScheduler
 from simulator.des.experts import ExpertLoad
 from simulator.des.kvpool import KvPool
@@ -76,6 +77,8 @@ class Engine:
         self._idle = False
         self._steps = 0
         """Steps priced so far (every `dp_wait_every`-th also prices the DP wait)."""
+        self.rewind = prefix_rewind(pricer.instance)
+        """Tokens of each prefix-cache hit computed again (`prefix_rewind`)."""
         self.env.process(self._loop())
 
     # ---- the step loop -------------------------------------------------------------------
@@ -191,6 +194,8 @@ class Engine:
             load = cached - cached_tokens(hbm, n, t.block_tokens)
         else:
             cached = min(int(self.shared.prefix_hit_rate * n), n - 1)
+        if self.rewind:  # the hit's last window is computed again (V4.1's bounded replay)
+            cached, load = max(cached - self.rewind, 0), max(load - self.rewind, 0)
         t.cached[rid] = cached
         if load <= 0:
             self.chunks.enqueue(rid, n - cached, cached, rank)

@@ -384,6 +384,182 @@ class HCA(DSV4):
     ratio = 128
 
 
+# ---- DeepSeek-V4.1 CSA2 ---------------------------------------------------------------------
+
+V41_RECORD_BYTES = {
+    "bf16": lambda d: 2.0 * d,
+    "fp8": lambda d: d + d / 32,
+    "fp4": lambda d: d / 2 + d / 16,
+}
+"""Bytes of one cached DeepSeek-V4.1 record of `d` dims, as vLLM 0.32 lays it out on Blackwell
+(vllm/models/deepseek_v41/attention.py). fp4: the nvfp4_ds_mla compressed record, every dim
+e2m1 with one E4M3 scale per 16 (288 bytes at d=512, the record the V4.1 paper's 890 bytes
+per token count); fp8: the MXFP8 record, every dim e4m3 with one UE8M0 scale per 32 (528
+bytes; window entries always take it, also beside fp4 records); bf16: 2 bytes a dim (its
+FlashInfer rows). Hopper keeps V4's 584-byte fp8_ds_mla record instead."""
+
+V41_RING_BYTES = 8 * 4096
+"""A ratio-2 KV source's compressor ring per request: max(8, the next power of two >= draft
+tokens + 2) fp32 rows of 4,096 bytes (vllm/models/deepseek_v41/compressor.py); 8 rows for up to
+6 draft tokens."""
+
+
+class CSA2(AttentionKind):
+    """A DeepSeek-V4.1 attention layer (CSA2): V4's projections (low-rank query, one shared KV
+    head of head_dim, grouped low-rank output) over the layer's own `sliding_window` of raw
+    entries and up to `index_topk` compressed records. Only the KV-source layers
+    (`kv_source_layer_ids`) compress and store records (one per `reads` tokens) with their
+    index keys; every other layer attends to the records of the nearest source at or before it
+    and keeps only its window. A layer's indexer scores all of its source's keys (a source),
+    the candidates the candidate layer picked (a re-indexing layer), or nothing (a reusing
+    layer takes the latest top-k). Priced by transfer from V4's measured kernels."""
+
+    reads: ClassVar[int] = 0
+    """Tokens per compressed record the layer attends to (its source's ratio); 0: window only."""
+    owns: ClassVar[bool] = False
+    """A KV source: compresses its input and stores records and index keys."""
+    index: ClassVar[str] = "none"
+    """What the layer's indexer scores: 'all' its source's keys, 'candidates' at most
+    `candidate_pool` of them, or 'none'."""
+
+    def params(self, m: ModelSpec) -> int:
+        h, n, d = m.hidden, m.num_attention_heads, m.head_dim
+        q = h * m.q_lora_rank + m.q_lora_rank * n * d
+        window = h * d  # every layer writes its own window entries
+        o = n * d * m.o_lora_rank + m.o_groups * m.o_lora_rank * h
+        # a source's compressor: kv (and, over pairs, a gate) projection; its keys' projection
+        indexer = (m.q_lora_rank * m.index_n_heads * m.index_head_dim + h * m.index_n_heads
+                   if self.index != "none" else 0)
+        return q + window + o + n + self.compressor_params(m) + indexer
+
+    def compressor_params(self, m: ModelSpec) -> int:
+        """A KV source's compressor: its kv projection (and, over pairs, a gate) and its index
+        keys' projection; 0 for a layer that stores no records."""
+        if not self.owns:
+            return 0
+        return m.hidden * m.head_dim * (2 if self.reads > 1 else 1) + (
+            m.head_dim * m.index_head_dim)
+
+    def record_bytes(self, m: ModelSpec, kv: str) -> float:
+        """Bytes of one compressed record."""
+        return float(V41_RECORD_BYTES[kv](m.head_dim))
+
+    def window_bytes(self, m: ModelSpec, kv: str) -> float:
+        """Bytes of one raw window entry: the fp8 record unless the cache is bf16."""
+        return float(V41_RECORD_BYTES["bf16" if kv == "bf16" else "fp8"](m.head_dim))
+
+    def key_bytes(self, m: ModelSpec, indexer: str) -> float:
+        return float(INDEXER_KEY_BYTES[indexer](m.index_head_dim))
+
+    def kv_token_bytes(self, m: ModelSpec, kv: str, indexer: str = "fp8") -> float:
+        if not self.owns:
+            return 0.0
+        return (self.record_bytes(m, kv) + self.key_bytes(m, indexer)) / self.reads
+
+    def kv_bytes(self, m: ModelSpec, context: Any, kv: str, indexer: str = "fp8") -> Any:
+        c = _b(context)
+        window = np.minimum(c, m.sliding_window) * self.window_bytes(m, kv)
+        if not self.owns:
+            return window
+        state = V41_RING_BYTES if self.reads > 1 else 0  # a pair compressor's fp32 ring
+        records = np.floor(c / self.reads) * (self.record_bytes(m, kv)
+                                              + self.key_bytes(m, indexer))
+        return window + records + state
+
+    def compressed_read(self, m: ModelSpec, context: Any) -> Any:
+        """Compressed records one query's attention reads."""
+        if not self.reads:
+            return _b(context) * 0
+        return np.minimum(np.floor(_b(context) / self.reads), m.sparse_topk)
+
+    def index_keys(self, m: ModelSpec, context: Any) -> Any:
+        """Index keys one query's indexer scores."""
+        if self.index == "none":
+            return _b(context) * 0
+        keys = np.floor(_b(context) / self.reads)
+        return np.minimum(keys, m.candidate_pool) if self.index == "candidates" else keys
+
+    def attended(self, m: ModelSpec, context: Any) -> Any:
+        return np.minimum(_b(context), m.sliding_window) + self.compressed_read(m, context)
+
+    def core_flops(self, m: ModelSpec, context: Any) -> Any:
+        return (2 * m.num_attention_heads * 2 * m.head_dim * self.attended(m, context)
+                + 2 * m.index_n_heads * m.index_head_dim * self.index_keys(m, context))
+
+    def decode(self, cal: Calibration, inst: Instance, queries: np.ndarray,
+               context: np.ndarray) -> dict[str, Priced]:
+        return self._parts(cal, False, inst, queries, np.ones_like(queries), context)
+
+    def prefill(self, cal: Calibration, inst: Instance, requests: np.ndarray,
+                new: np.ndarray, past: np.ndarray) -> dict[str, Priced]:
+        return self._parts(cal, True, inst, requests, new, past)
+
+    def _parts(self, cal: Calibration, context: bool, inst: Instance, batch: np.ndarray,
+               new: np.ndarray, past: np.ndarray) -> dict[str, Priced]:
+        out = {"module": cal.dsv41_module(self, context, inst, batch, new, past)}
+        scoring = cal.dsv41_indexer(self, context, inst, batch, new, past)
+        if scoring is not None:
+            out["indexer"] = scoring
+        return out
+
+
+class CSA2Window(CSA2):
+    """V4.1 window-only layer (compress ratio 0): its window and nothing else."""
+
+    name = "csa2_window"
+
+
+class CSA2Source2(CSA2):
+    """V4.1 KV source over token pairs (ratio 2): stores one record and key per 2 tokens and
+    scores all of its keys."""
+
+    name = "csa2_source_r2"
+    reads, owns, index = 2, True, "all"
+
+
+class CSA2Source1(CSA2):
+    """V4.1 KV source at ratio 1 (the candidate layer): one record and key per token, scores
+    all of them and picks the candidate blocks the re-indexing layers score."""
+
+    name = "csa2_source_r1"
+    reads, owns, index = 1, True, "all"
+
+
+class CSA2Reindex2(CSA2):
+    """V4.1 re-indexing layer over a ratio-2 source: scores only the candidates."""
+
+    name = "csa2_reindex_r2"
+    reads, index = 2, "candidates"
+
+
+class CSA2Reindex1(CSA2):
+    """V4.1 re-indexing layer over the ratio-1 source: scores only the candidates."""
+
+    name = "csa2_reindex_r1"
+    reads, index = 1, "candidates"
+
+
+class CSA2Reuse2(CSA2):
+    """V4.1 layer reusing a ratio-2 source's records and the latest top-k: no indexer."""
+
+    name = "csa2_reuse_r2"
+    reads = 2
+
+
+class CSA2Reuse1(CSA2):
+    """V4.1 layer reusing the ratio-1 source's records and the latest top-k: no indexer."""
+
+    name = "csa2_reuse_r1"
+    reads = 1
+
+
+CSA2_ROLES: dict[tuple[str, int], str] = {
+    (k.index if k.index != "all" else "source", k.reads): k.name
+    for k in (CSA2Source2, CSA2Source1, CSA2Reindex2, CSA2Reindex1, CSA2Reuse2, CSA2Reuse1)}
+"""(role, ratio) of a V4.1 layer -> its kind: role 'source' (a KV source), 'candidates' (an
+index source that is no KV source) or 'none' (reuses); ratio 0 is `csa2_window`."""
+
+
 # ---- linear attention ----------------------------------------------------------------------
 
 class GatedDeltaNet(AttentionKind):
@@ -449,7 +625,9 @@ class GatedDeltaNet(AttentionKind):
 
 
 KINDS: dict[str, type[AttentionKind]] = {
-    k.name: k for k in (GQA, SlidingGQA, MLA, DSA, SWA, CSA, HCA, GatedDeltaNet)}
+    k.name: k for k in (GQA, SlidingGQA, MLA, DSA, SWA, CSA, HCA, CSA2Window, CSA2Source2,
+                        CSA2Source1, CSA2Reindex2, CSA2Reindex1, CSA2Reuse2, CSA2Reuse1,
+                        GatedDeltaNet)}
 """Attention kind name -> class; a ModelSpec's layers name their kind here."""
 
 DSV4_RATIOS: dict[int, str] = {0: SWA.name, 4: CSA.name, 128: HCA.name}

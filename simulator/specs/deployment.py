@@ -55,14 +55,16 @@ class Precision(Spec):
 
 
 class Speculative(Spec):
-    """Speculative decoding with the model's own multi-token-prediction (MTP) layers."""
+    """Speculative decoding with the model's own draft layers: multi-token prediction (MTP)
+    layers drafting one token per pass, or DeepSeek-V4.1's DSpark layers drafting a block of
+    tokens in one pass."""
 
     model_config = _SPEC
 
-    method: Literal["mtp"] = "mtp"
-    """Drafting method; only mtp (default mtp)."""
+    method: Literal["mtp", "dspark"] = "mtp"
+    """Drafting method: mtp, or dspark for a model with DSpark draft layers (default mtp)."""
     tokens: int = Field(1, ge=1, le=MAX_DRAFT_TOKENS)
-    """Draft tokens proposed per step, at most 64 (default 1)."""
+    """Draft tokens proposed per step, at most 64 (dspark: at most its block) (default 1)."""
     acceptance: float = Field(0.7, ge=0, le=1)
     """Probability that a draft token is accepted, in [0, 1] (default 0.7)."""
 
@@ -286,6 +288,10 @@ class ModelLike(Protocol):
     def num_attention_heads(self) -> int: ...
     @property
     def num_kv_heads(self) -> int: ...
+    @property
+    def dspark_block(self) -> int: ...
+    @property
+    def engram_layers(self) -> int: ...
 
 
 def check_against_model(deployment: Deployment, model: ModelLike) -> None:
@@ -340,11 +346,23 @@ def _role_error(role: RoleSpec, model: ModelLike) -> str | None:
             return error
     spec = role.speculative
     if spec is not None:
-        k, m = spec.tokens, model.mtp_layers
+        k, m, block = spec.tokens, model.mtp_layers, model.dspark_block
         if m == 0:
             return f"speculative method {spec.method!r} needs MTP layers but {model.name} has none"
-        if not mtp_tokens_fit(k, m):
+        if spec.method == "mtp" and block:
+            return (f"{model.name}'s draft layers are DSpark layers, which vLLM runs only as "
+                    "speculative method 'dspark' (it refuses 'mtp'); use method dspark")
+        if spec.method == "dspark" and not block:
+            return (f"speculative method 'dspark' needs DSpark draft layers but "
+                    f"{model.name}'s are MTP layers; use method mtp")
+        if spec.method == "dspark" and k > block:
+            return (f"speculative tokens={k} is more than the DSpark block of {block} tokens "
+                    f"{model.name} drafts in one pass; use at most {block}")
+        if spec.method == "mtp" and not mtp_tokens_fit(k, m):
             return f"speculative tokens={k} above the {m} MTP layers must be a multiple of {m}"
+    if role.dbo and model.engram_layers:
+        return (f"dbo=true: {model.name}'s Engram layers do not run micro-batched in vLLM "
+                "(DBO or --ubatch-size); set dbo to false")
     if role.tp is not None:
         tp, heads, kv = role.tp, model.num_attention_heads, model.num_kv_heads
         if heads % tp:
@@ -356,7 +374,7 @@ def _role_error(role: RoleSpec, model: ModelLike) -> str | None:
 
 SM100_HARDWARE = ("b200", "b300", "gb200", "gb300")
 """Hardware presets with Blackwell datacenter GPUs (CUDA sm_10x)."""
-MEGA_MOE_ARCHITECTURES = ("DeepseekV4ForCausalLM",)
+MEGA_MOE_ARCHITECTURES = ("DeepseekV4ForCausalLM", "DeepseekV41ForCausalLM")
 """Architectures vLLM runs on DeepGEMM's MegaMoE kernel (dispatch, expert GEMMs and combine
 fused; vLLM --moe-backend deep_gemm_mega_moe) where it applies."""
 

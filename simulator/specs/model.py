@@ -10,7 +10,7 @@ import json
 import os
 import reprlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -19,13 +19,23 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.specs.attention import DSV4_RATIOS, AttentionKind, check_kv_dtype
+from simulator.specs.attention import (
+    CSA2_ROLES,
+    DSV4_RATIOS,
+    AttentionKind,
+    CSA2Window,
+    check_kv_dtype,
+)
 from simulator.specs.attention import kind as attention_kind
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import DTYPE_BYTES
 
 Component = Literal["embedding", "attention", "mhc", "dense_mlp", "routed_experts",
-                    "shared_experts", "router", "lm_head", "mtp"]
+                    "shared_experts", "router", "lm_head", "mtp", "engram", "engram_tables"]
+
+HOST_COMPONENTS: tuple[Component, ...] = ("engram_tables",)
+"""Weights vLLM keeps in host memory, never in a GPU's (V4.1's Engram tables: its
+--engram-config cpu_offload, on by default)."""
 
 PRESET_DIR = "presets/models"
 
@@ -48,9 +58,10 @@ class ModelSpec(BaseModel):
     """Layers with a dense MLP; the rest have an MoE block."""
     vocab: int = Field(ge=1)
     """Vocabulary size."""
-    attention: Literal["mla", "gqa", "dsv4"]
-    """Attention family: multi-head latent (DeepSeek-V3, Kimi, GLM-5), grouped-query, or
-    DeepSeek-V4's compressed attention; each layer's kind is in `layer_kinds`."""
+    attention: Literal["mla", "gqa", "dsv4", "dsv41"]
+    """Attention family: multi-head latent (DeepSeek-V3, Kimi, GLM-5), grouped-query,
+    DeepSeek-V4's compressed attention, or DeepSeek-V4.1's CSA2 (compressed records shared
+    across layers); each layer's kind is in `layer_kinds`."""
     num_attention_heads: int = Field(ge=1)
     """Query heads."""
     num_kv_heads: int = Field(ge=1)
@@ -75,7 +86,18 @@ class ModelSpec(BaseModel):
     sliding_layers: int = Field(0, ge=0)
     """How many GQA layers use the sliding window."""
     compress_ratios: tuple[int, ...] = ()
-    """V4: per layer (MTP layers last) 0 = sliding window only, 4 = CSA, 128 = HCA."""
+    """V4: per layer (MTP layers last) 0 = sliding window only, 4 = CSA, 128 = HCA; V4.1: 0 =
+    window only, else the tokens per compressed record the layer attends to (1 or 2)."""
+    kv_source_layers: tuple[int, ...] = ()
+    """V4.1: the layers that compress and store records and index keys; every other layer
+    reads the nearest source at or before it. Prefill runs the layers after the last source
+    only on each prompt's last `sliding_window` tokens (the causal encoder-decoder)."""
+    index_source_layers: tuple[int, ...] = ()
+    """V4.1: the layers that score index keys (the sources and the re-indexing layers); the
+    others reuse the latest top-k."""
+    candidate_pool: int = Field(0, ge=0)
+    """V4.1: index keys a re-indexing layer scores at most (candidate_topk_blocks x
+    candidate_block_size)."""
     sparse_topk: int = Field(0, ge=0)
     """Sparse attention (DeepSeek-V3.2, GLM-5, V4's CSA): entries each query attends to
     (0: dense)."""
@@ -124,6 +146,23 @@ class ModelSpec(BaseModel):
     expert_dtype: Literal["bf16", "fp8", "fp4"] | None = None
     """The checkpoint's routed-expert dtype (V4 ships fp4 experts); experts are never served
     wider than stored (None: as the deployment's weights)."""
+    engram_layers: int = Field(0, ge=0)
+    """V4.1 Engram: layers that add an n-gram memory lookup."""
+    engram_rows: int = Field(0, ge=0)
+    """Engram table rows over all its layers."""
+    engram_heads: int = Field(0, ge=0)
+    """Engram hash heads per n-gram order."""
+    engram_head_dim: int = Field(0, ge=0)
+    """Engram row width (fp8 values, one E8M0 scale per 32)."""
+    engram_ngram: int = Field(0, ge=0)
+    """Engram's largest n-gram (orders 2 .. engram_ngram are looked up)."""
+    mtp_experts: int = Field(0, ge=0)
+    """Routed experts of each draft layer (DSpark: 128); 0: as the model's."""
+    dspark_block: int = Field(0, ge=0)
+    """DSpark: draft tokens proposed per pass of the draft layers (0: the draft layers are MTP
+    layers, one token per pass)."""
+    dspark_targets: int = Field(0, ge=0)
+    """DSpark: target layers whose inputs the first draft layer projects (main_proj)."""
 
     @property
     def is_moe(self) -> bool:
@@ -135,9 +174,34 @@ class ModelSpec(BaseModel):
 
     # ---- attention kinds --------------------------------------------------------------------
 
+    def layer_kind_names(self) -> tuple[str, ...]:
+        """The attention kind of each decoder layer, in order (MTP excluded)."""
+        if self.attention == "dsv41":
+            return tuple(_v41_kind(self, i) for i in range(self.layers))
+        return tuple(k for k, n in self.layer_kinds for _ in range(n))
+
+    @property
+    def replay_from(self) -> int:
+        """The first layer prefill runs only on each prompt's last `sliding_window` tokens
+        (V4.1's bounded replay: the last KV source, once its compressor has written records
+        for every token, and the layers after it, whose window is all a later token reads of
+        them); `layers` when every layer runs on every prompt token."""
+        if self.attention == "dsv41" and self.kv_source_layers:
+            return max(self.kv_source_layers)
+        return self.layers
+
+    @property
+    def replay_kinds(self) -> tuple[tuple[str, int], ...]:
+        """(attention kind, layers) over the layers from `replay_from` on."""
+        tail = Counter(self.layer_kind_names()[self.replay_from:])
+        return tuple((k, n) for k, n in tail.items() if n)
+
     @property
     def layer_kinds(self) -> tuple[tuple[str, int], ...]:
         """(attention kind, layers of that kind) over the decoder layers, MTP excluded."""
+        if self.attention == "dsv41":
+            counts = Counter(self.layer_kind_names())
+            return tuple((k, n) for k, n in counts.items())
         if self.attention == "dsv4":
             counts = Counter(DSV4_RATIOS[r] for r in self.compress_ratios[:self.layers])
             return tuple((k, counts[k]) for k in DSV4_RATIOS.values() if counts[k])
@@ -156,6 +220,8 @@ class ModelSpec(BaseModel):
         """The attention kind of the MTP layers (V4 lists it after the decoder layers)."""
         if self.attention == "dsv4" and len(self.compress_ratios) > self.layers:
             return attention_kind(DSV4_RATIOS[self.compress_ratios[self.layers]])
+        if self.attention == "dsv41":  # draft layers attend to their own window
+            return attention_kind(CSA2Window.name)
         return self.kinds()[0][0]
 
     # ---- parameters -------------------------------------------------------------------------
@@ -186,11 +252,42 @@ class ModelSpec(BaseModel):
             "mtp": 0,
         }
         if self.mtp_layers:
+            experts = self.mtp_experts or self.n_routed_experts
             layer = (self.mtp_kind.params(self) + self.mhc_params()
-                     + (self.n_routed_experts + self.n_shared_experts) * self.expert_params()
-                     + self.hidden * self.n_routed_experts)
-            out["mtp"] = self.mtp_layers * (layer + 2 * self.hidden * self.hidden)
+                     + (experts + self.n_shared_experts) * self.expert_params()
+                     + self.hidden * experts)
+            # MTP: each layer projects [embedding; hidden] (eh_proj); DSpark: the first layer
+            # projects the target layers' inputs (main_proj)
+            proj = (self.dspark_targets * self.hidden * self.hidden if self.dspark_block
+                    else self.mtp_layers * 2 * self.hidden * self.hidden)
+            out["mtp"] = self.mtp_layers * layer + proj
+        if self.engram_layers:
+            out["engram"] = self.engram_layers * self.engram_key_width() * (
+                (self.hc_mult + 1) * self.hidden)
+            out["engram_tables"] = self.engram_rows * self.engram_head_dim
         return out
+
+    def engram_key_width(self) -> int:
+        """Width of the rows one token gathers in one Engram layer: a row per head of each
+        n-gram order from 2 to `engram_ngram`."""
+        return max(self.engram_ngram - 1, 0) * self.engram_heads * self.engram_head_dim
+
+    def prefill_active_params(self) -> int:
+        """Parameters one prompt token touches: `active_params` with the layers from
+        `replay_from` on left out but for the last KV source's compressor (they run only on a
+        prompt's last window of tokens), and without the lm_head (only a prompt's last token
+        is sampled)."""
+        if self.replay_from >= self.layers:
+            return self.active_params() - self.params()["lm_head"]
+        kinds = dict(self.replay_kinds)
+        tail = sum(attention_kind(k).params(self) * n for k, n in kinds.items())
+        per_layer = (self.mhc_params()
+                     + (self.top_k + self.n_shared_experts) * self.expert_params()
+                     + self.hidden * self.n_routed_experts)
+        replayed = self.layers - self.replay_from
+        cut = attention_kind(self.layer_kind_names()[self.replay_from])
+        return (self.active_params() - self.params()["lm_head"] - tail
+                - replayed * per_layer + getattr(cut, "compressor_params", lambda m: 0)(self))
 
     def total_params(self) -> int:
         return sum(self.params().values())
@@ -199,7 +296,8 @@ class ModelSpec(BaseModel):
         """Parameters touched per token (routed experts counted top_k times per MoE layer)."""
         p = self.params()
         routed = self.moe_layers * self.top_k * self.expert_params()
-        return sum(v for k, v in p.items() if k not in ("routed_experts", "mtp")) + routed
+        return sum(v for k, v in p.items()
+                   if k not in ("routed_experts", "mtp", "engram_tables")) + routed
 
     def weight_bytes(self, weights: str) -> dict[Component, float]:
         """Bytes per component for a weight precision.
@@ -215,6 +313,9 @@ class ModelSpec(BaseModel):
         per_byte: dict[Component, float] = {
             "embedding": 2.0, "lm_head": 2.0, "router": 2.0, "attention": linear, "mhc": 2.0,
             "dense_mlp": linear, "routed_experts": experts, "shared_experts": linear, "mtp": linear,
+            "engram": linear,
+            # fp8 rows with one E8M0 scale per 32 values (264 bytes a row of 256)
+            "engram_tables": 1.0 + 1.0 / 32,
         }
         return {k: v * per_byte[k] for k, v in self.params().items()}
 
@@ -346,6 +447,13 @@ CONFIG_FIELDS: dict[str, FieldKind] = {
     "linear_num_value_heads": HEADS, "linear_value_head_dim": WIDTH,
     "linear_conv_kernel_dim": _ints(1, 1024), "attn_output_gate": BOOL,
     "text_config": MAPPING, "rope_scaling": MAPPING, "quantization_config": MAPPING,
+    "kv_source_layer_ids": _list_of(_ints(0, 4095)),
+    "index_source_layer_ids": _list_of(_ints(0, 4095)),
+    "candidate_source_layer_id": _ints(0, 4095), "candidate_topk_blocks": _ints(0, 1 << 24),
+    "candidate_block_size": _ints(1, 1 << 16), "engram_layer_ids": _list_of(_ints(0, 4095)),
+    "engram_num_embeddings": _list_of(_ints(1, 1 << 40)), "engram_n_heads": HEADS,
+    "engram_head_dim": WIDTH, "engram_max_ngram_size": SMALL, "dspark_block_size": SMALL,
+    "dspark_target_layer_ids": _list_of(_ints(0, 4095)), "dspark_n_routed_experts": EXPERTS,
 }
 """config.json key -> what it may hold: every field a builder reads (and the nested objects a
 config carries), checked before any arithmetic; null counts as absent."""
@@ -430,24 +538,39 @@ def _from_deepseek(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _ratios(name: str, arch: str, cfg: dict[str, Any], allowed: Iterable[int],
+            meaning: str) -> list[int]:
+    """compress_ratios, one per decoder layer and then (optionally) one per draft layer, each
+    one of `allowed` (`meaning` says what they are)."""
+    layers = cfg["num_hidden_layers"]
+    mtp = _get(cfg, "num_nextn_predict_layers", default=0)
+    ratios: list[int] = cfg["compress_ratios"]
+    if len(ratios) not in (layers, layers + mtp):
+        raise SpecError(f"{name}: compress_ratios has {len(ratios)} entries; {arch} with "
+                        f"num_hidden_layers={layers} and num_nextn_predict_layers={mtp} needs "
+                        f"{layers + mtp} (one per decoder layer, then one per draft layer)")
+    ok = list(allowed)
+    odd = sorted({r for r in ratios if r not in ok})
+    if odd:
+        raise SpecError(f"{name}: compress_ratios holds {', '.join(map(str, odd))}; each entry "
+                        f"must be one of {', '.join(map(str, ok))} ({meaning})")
+    return ratios
+
+
+def _expert_dtype(name: str, value: Any) -> Any:
+    """A config's routed-expert dtype, checked."""
+    if value not in (None, "bf16", "fp8", "fp4"):
+        raise SpecError(f"{name}: expert_dtype={_show(value)} is not one of bf16, fp8, fp4")
+    return value
+
+
 def _from_deepseek_v4(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     """DeepSeek-V4 (Flash, Pro): compressed attention per layer from compress_ratios,
     hash-routed first MoE layers, hyper-connections, fp4 experts, MTP."""
     layers = cfg["num_hidden_layers"]
     mtp = _get(cfg, "num_nextn_predict_layers", default=0)
-    ratios = cfg["compress_ratios"]
-    if len(ratios) not in (layers, layers + mtp):
-        raise SpecError(f"{name}: compress_ratios has {len(ratios)} entries; {arch} with "
-                        f"num_hidden_layers={layers} and num_nextn_predict_layers={mtp} needs "
-                        f"{layers + mtp} (one per decoder layer, then one per MTP layer)")
-    odd = sorted({r for r in ratios if r not in DSV4_RATIOS})
-    if odd:
-        raise SpecError(f"{name}: compress_ratios holds {', '.join(map(str, odd))}; each entry "
-                        f"must be one of {', '.join(map(str, DSV4_RATIOS))} (0 sliding window "
-                        "only, 4 CSA, 128 HCA)")
-    experts = cfg.get("expert_dtype")
-    if experts not in (None, "bf16", "fp8", "fp4"):
-        raise SpecError(f"{name}: expert_dtype={_show(experts)} is not one of bf16, fp8, fp4")
+    ratios = _ratios(name, arch, cfg, DSV4_RATIOS, "0 sliding window only, 4 CSA, 128 HCA")
+    experts = _expert_dtype(name, cfg.get("expert_dtype"))
     hashed = _get(cfg, "num_hash_layers", default=0)
     _require(hashed <= layers, name, f"num_hash_layers={hashed}; it must be at most "
              f"num_hidden_layers={layers}")
@@ -469,6 +592,96 @@ def _from_deepseek_v4(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
         n_shared_experts=_get(cfg, "n_shared_experts", default=0),
         top_k=cfg["num_experts_per_tok"], moe_intermediate=cfg["moe_intermediate_size"],
         mtp_layers=mtp, hash_layers=hashed, expert_dtype=experts,
+    )
+
+
+V41_RATIOS = (0, 1, 2)
+"""DeepSeek-V4.1 compress_ratios values: 0 window only, 1 or 2 tokens per compressed record."""
+
+
+def _v41_kind(m: ModelSpec, layer: int) -> str:
+    """The CSA2 kind of V4.1 decoder layer `layer` (see CSA2_ROLES)."""
+    ratio = m.compress_ratios[layer]
+    if ratio == 0:
+        return CSA2Window.name
+    role = ("source" if layer in m.kv_source_layers
+            else "candidates" if layer in m.index_source_layers else "none")
+    return CSA2_ROLES[(role, ratio)]
+
+
+def _from_deepseek_v41(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
+    """DeepSeek-V4.1 (Flash): the causal encoder-decoder with CSA2 attention (compressed
+    records stored by a few KV-source layers, read by the rest), Engram n-gram memory,
+    single-pass hyper-connections, fp4 experts and DSpark draft layers. Reads `text_config`
+    (the vision tower is ignored) and the top level's quantization_config."""
+    text = _checked(name, cfg["text_config"], "text_config.")
+    try:
+        return _v41_spec(name, arch, text, cfg.get("quantization_config") or {})
+    except KeyError as e:
+        raise KeyError(f"text_config.{e.args[0]}") from None
+
+
+def _v41_spec(name: str, arch: str, cfg: dict[str, Any], quant: dict[str, Any]) -> ModelSpec:
+    layers = cfg["num_hidden_layers"]
+    mtp = _get(cfg, "num_nextn_predict_layers", default=0)
+    ratios = _ratios(name, arch, cfg, V41_RATIOS,
+                     "0 window only, 1 or 2 tokens per compressed record")
+    sources = sorted(set(cfg["kv_source_layer_ids"]))
+    index = sorted(set(cfg["index_source_layer_ids"]))
+    _require(bool(sources) and sources[-1] < layers, name,
+             f"kv_source_layer_ids={_show(cfg['kv_source_layer_ids'])}; it must list at least "
+             f"one layer below num_hidden_layers={layers}")
+    _require(not index or index[-1] < layers, name,
+             f"index_source_layer_ids={_show(cfg['index_source_layer_ids'])}; each must be "
+             f"below num_hidden_layers={layers}")
+    for layer in range(layers):
+        ratio = ratios[layer]
+        before = [s for s in sources if s <= layer]
+        if layer in sources:
+            _require(ratio > 0 and layer in index, name,
+                     f"KV source layer {layer} with compress ratio {ratio}; a source must "
+                     "compress (ratio 1 or 2) and be in index_source_layer_ids")
+        elif ratio:
+            _require(bool(before) and ratios[before[-1]] == ratio, name,
+                     f"layer {layer} reading records of ratio {ratio} but "
+                     + (f"its nearest KV source at or before it, layer {before[-1]}, has ratio "
+                        f"{ratios[before[-1]]}" if before else "no KV source at or before it"))
+    experts = _expert_dtype(name, quant.get("expert_dtype", cfg.get("expert_dtype")))
+    _check_top_k(name, cfg["num_experts_per_tok"], cfg["n_routed_experts"])
+    engram = _get(cfg, "engram_layer_ids", default=[])
+    rows = _get(cfg, "engram_num_embeddings", default=[])
+    _require(len(rows) == len(engram), name,
+             f"{len(rows)} engram_num_embeddings for {len(engram)} engram_layer_ids; it needs "
+             "one table size per Engram layer")
+    block = _get(cfg, "dspark_block_size", default=0)
+    return ModelSpec(
+        name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers, dense_layers=0,
+        vocab=cfg["vocab_size"], attention="dsv41",
+        num_attention_heads=cfg["num_attention_heads"],
+        num_kv_heads=_get(cfg, "num_key_value_heads", default=1),
+        head_dim=cfg["head_dim"], q_lora_rank=cfg["q_lora_rank"],
+        qk_rope_head_dim=cfg["qk_rope_head_dim"], v_head_dim=cfg["head_dim"],
+        o_lora_rank=cfg["o_lora_rank"], o_groups=cfg["o_groups"],
+        sliding_window=cfg["sliding_window"], compress_ratios=tuple(ratios),
+        kv_source_layers=tuple(sources), index_source_layers=tuple(index),
+        candidate_pool=(_get(cfg, "candidate_topk_blocks", default=0)
+                        * _get(cfg, "candidate_block_size", default=1)),
+        sparse_topk=cfg["index_topk"], index_head_dim=cfg["index_head_dim"],
+        index_n_heads=cfg["index_n_heads"],
+        hc_mult=_get(cfg, "hc_mult", default=1),
+        hc_sinkhorn_iters=_get(cfg, "hc_sinkhorn_iters", default=0),
+        n_routed_experts=cfg["n_routed_experts"],
+        n_shared_experts=_get(cfg, "n_shared_experts", default=0),
+        top_k=cfg["num_experts_per_tok"], moe_intermediate=cfg["moe_intermediate_size"],
+        mtp_layers=mtp, hash_layers=_get(cfg, "num_hash_layers", default=0),
+        expert_dtype=experts,
+        engram_layers=len(engram), engram_rows=sum(rows),
+        engram_heads=_get(cfg, "engram_n_heads", default=0) if engram else 0,
+        engram_head_dim=_get(cfg, "engram_head_dim", default=0) if engram else 0,
+        engram_ngram=_get(cfg, "engram_max_ngram_size", default=0) if engram else 0,
+        mtp_experts=_get(cfg, "dspark_n_routed_experts", default=0) if block else 0,
+        dspark_block=block,
+        dspark_targets=len(_get(cfg, "dspark_target_layer_ids", default=[])) if block else 0,
     )
 
 
@@ -552,6 +765,7 @@ BUILDERS: dict[str, Builder] = {
     "DeepseekV32ForCausalLM": _from_deepseek,
     "GlmMoeDsaForCausalLM": _from_deepseek,
     "DeepseekV4ForCausalLM": _from_deepseek_v4,
+    "DeepseekV41ForCausalLM": _from_deepseek_v41,
     "KimiK2ForCausalLM": _from_deepseek,
     "KimiK25ForConditionalGeneration": _text_model(_from_deepseek),
     "Qwen3MoeForCausalLM": _from_gqa,
@@ -593,7 +807,9 @@ def model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
     except KeyError as e:
         raise SpecError(f"{name}: config.json lacks the key {e.args[0]!r} that {arch} needs") \
             from None
-    return spec.model_copy(update={"context_length": _context_length(name, checked)})
+    # a multimodal wrapper keeps the context in its text_config
+    scope = checked if "max_position_embeddings" in checked else checked.get("text_config", {})
+    return spec.model_copy(update={"context_length": _context_length(name, scope)})
 
 
 NO_ROPE_LENGTH = ("su", "longrope", "llama3", "default", "mrope")
@@ -635,6 +851,7 @@ HF_PRESETS = {
     "deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2",
     "deepseek-ai/DeepSeek-V4-Flash": "deepseek-v4-flash",
     "deepseek-ai/DeepSeek-V4-Pro": "deepseek-v4-pro",
+    "deepseek-ai/DeepSeek-V4.1-Flash": "deepseek-v4.1-flash",
     "moonshotai/Kimi-K2-Instruct": "kimi-k2",
     "openai/gpt-oss-120b": "gpt-oss-120b",
     "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b",

@@ -158,7 +158,8 @@ def test_v4_over_memory_is_refused_with_the_numbers():
 
 MODEL_OF = {"gqa": "qwen3-235b-a22b", "swa_gqa": "gpt-oss-120b", "mla": "deepseek-v3",
             "dsa": "deepseek-v3.2", "swa": "deepseek-v4-flash", "csa": "deepseek-v4-flash",
-            "hca": "deepseek-v4-flash", "linear": "Qwen--Qwen3.5-35B-A3B_config.json"}
+            "hca": "deepseek-v4-flash", "linear": "Qwen--Qwen3.5-35B-A3B_config.json",
+            **{k: "deepseek-v4.1-flash" for k in KINDS if k.startswith("csa2_")}}
 
 
 def _model_of(name: str):
@@ -183,7 +184,7 @@ def test_every_kind_keeps_its_kv_and_flops_consistent(name):
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_every_kind_prices_decode_and_prefill(name):
     m = _model_of(name)
-    hw = GB300 if m.attention == "dsv4" else load_hardware("h200")
+    hw = GB300 if m.attention in ("dsv4", "dsv41") else load_hardware("h200")
     inst = Instance(model=m, hardware=hw, role="aggregated", ranks=1, expert_parallel=False)
     cal = load_calibration(hw, "vllm")
     k = kind(name)

@@ -30,6 +30,8 @@ class StubModel:
     mtp_layers: int = 1
     num_attention_heads: int = 128
     num_kv_heads: int = 128
+    dspark_block: int = 0
+    engram_layers: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -244,6 +246,19 @@ def test_mtp_needs_mtp_layers() -> None:
         check({"tp": 8, "speculative": {}}, DENSE)
     with pytest.raises(SpecError, match=r"tokens=3 .* multiple of 2"):
         check({"dep": 8, "speculative": {"tokens": 3}}, StubModel(mtp_layers=2))
+
+
+def test_draft_method_follows_the_models_draft_layers() -> None:
+    dspark = StubModel(mtp_layers=3, dspark_block=5, engram_layers=2)
+    check({"dep": 8, "speculative": {"method": "dspark", "tokens": 5}}, dspark)
+    with pytest.raises(SpecError, match=r"draft layers are DSpark layers.*use method dspark"):
+        check({"dep": 8, "speculative": {"tokens": 3}}, dspark)
+    with pytest.raises(SpecError, match=r"tokens=6 is more than the DSpark block of 5"):
+        check({"dep": 8, "speculative": {"method": "dspark", "tokens": 6}}, dspark)
+    with pytest.raises(SpecError, match=r"'dspark' needs DSpark draft layers.*use method mtp"):
+        check({"dep": 8, "speculative": {"method": "dspark"}}, StubModel())
+    with pytest.raises(SpecError, match=r"dbo=true: .*Engram layers.*set dbo to false"):
+        check({"dep": 8, "dbo": True, "all2all_backend": "deepep_low_latency"}, dspark)
 
 
 def test_tp_must_divide_heads() -> None:

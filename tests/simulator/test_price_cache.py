@@ -53,6 +53,7 @@ def _batches(role: str, dp: int, seed: int, n: int) -> list[Batch]:
 
 
 @pytest.mark.parametrize("model,hardware", [("deepseek-v4-flash", "gb300"),
+                                            ("deepseek-v4.1-flash", "gb300"),
                                             ("deepseek-v3", "h200")])
 def test_cached_prices_are_the_direct_prices_with_their_provenance(model: str,
                                                                    hardware: str) -> None:

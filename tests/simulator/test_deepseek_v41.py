@@ -1,0 +1,182 @@
+"""DeepSeek-V4.1: the spec from its config (CSA2 layer kinds, records shared across layers, the
+causal encoder-decoder's replayed layers, Engram, DSpark), its KV by hand, and its steps."""
+
+import copy
+import json
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator.calibration import load_calibration
+from simulator.cost.memory import check_memory, rank_memory
+from simulator.cost.step import Batch, Instance, prefix_rewind, step_time
+from simulator.specs.attention import kind
+from simulator.specs.deployment import RoleSpec
+from simulator.specs.errors import SpecError
+from simulator.specs.hardware import load_hardware
+from simulator.specs.model import PRESET_DIR, load_model, model_from_config
+from tests.simulator.test_replay import BLOCK, run, trace_file, turn
+
+V41 = load_model("deepseek-v4.1-flash")
+V4 = load_model("deepseek-v4-flash")
+GB300 = load_hardware("gb300")
+
+
+def _config() -> dict:
+    return json.loads(resources.files("simulator.specs").joinpath(
+        f"{PRESET_DIR}/deepseek-v4.1-flash.json").read_text())
+
+
+def _inst(model=V41, role="decode", ranks=4, **kw) -> Instance:
+    fields = {"weights": "fp4", "kv_cache": "fp4", "indexer_cache": "fp4", "mega_moe": True,
+              **kw}
+    return Instance(model=model, hardware=GB300, role=role, ranks=ranks, expert_parallel=True,
+                    **fields)
+
+
+def test_layer_kinds_come_from_ratios_and_the_kv_and_index_sources():
+    assert V41.architecture == "DeepseekV41ForCausalLM" and V41.attention == "dsv41"
+    names = V41.layer_kind_names()
+    assert names[:3] == ("csa2_window", "csa2_window", "csa2_source_r2")
+    assert names[3:8] == ("csa2_reuse_r2",) * 5  # read layer 2's records
+    assert names[20] == "csa2_source_r1" and names[24] == "csa2_reindex_r1"
+    assert dict(V41.layer_kinds) == {"csa2_window": 2, "csa2_source_r2": 3, "csa2_reuse_r2": 15,
+                                     "csa2_source_r1": 1, "csa2_reuse_r1": 15,
+                                     "csa2_reindex_r1": 4}
+    # prefill runs the last source (but its compressor) and every layer after it on a window
+    assert V41.replay_from == 20
+    assert dict(V41.replay_kinds) == {"csa2_source_r1": 1, "csa2_reuse_r1": 15,
+                                      "csa2_reindex_r1": 4}
+    assert V41.candidate_pool == 2048 * 8 and V41.mtp_kind.name == "csa2_window"
+    assert (V41.dspark_block, V41.mtp_layers, V41.mtp_experts) == (5, 3, 128)
+    assert V41.context_length == 65536 * 16
+
+
+def test_params_match_the_published_totals():
+    p = V41.params()
+    # 552B backbone (no Engram tables, no DSpark draft), 196.6B of Engram tables, 16B active
+    # per output token and 8B per prompt token (without the input embedding)
+    assert (V41.total_params() - p["mtp"] - p["engram_tables"]) / 1e9 == pytest.approx(
+        552, rel=0.03)
+    assert p["engram_tables"] / 1e9 == pytest.approx(196.6, rel=0.01)
+    assert (V41.active_params() - p["embedding"]) / 1e9 == pytest.approx(16, rel=0.03)
+    assert (V41.prefill_active_params() - p["embedding"]) / 1e9 == pytest.approx(8, rel=0.03)
+    assert p["mtp"] / 1e9 == pytest.approx(14.2, rel=0.03)  # three DSpark layers, 128 experts
+
+
+def test_kv_bytes_by_hand():
+    # nvfp4_ds_mla record: 512 e2m1 + 32 e4m3 scales = 288 bytes; an MXFP4 index key 68 bytes;
+    # window entries stay the 528-byte MXFP8 record
+    src2, src1, reuse = kind("csa2_source_r2"), kind("csa2_source_r1"), kind("csa2_reuse_r2")
+    assert src2.kv_token_bytes(V41, "fp4", "fp4") == (288 + 68) / 2
+    assert src1.kv_token_bytes(V41, "fp4", "fp4") == 288 + 68
+    assert reuse.kv_token_bytes(V41, "fp4", "fp4") == 0
+    assert V41.kv_bytes_per_token("fp4", "fp4") == 890  # the V4.1 paper's figure
+    assert V41.kv_bytes_per_token("fp8", "fp4") == 2.5 * (528 + 68)
+    c = 1000  # one request: every layer's window, the sources' records, the pair ring
+    assert src2.kv_bytes(V41, c, "fp4", "fp4") == 128 * 528 + (c // 2) * (288 + 68) + 8 * 4096
+    assert src1.kv_bytes(V41, c, "fp4", "fp4") == 128 * 528 + c * (288 + 68)
+    assert reuse.kv_bytes(V41, c, "fp4", "fp4") == 128 * 528
+    assert V41.kv_bytes(c, "fp4", "fp4") == (40 * 128 * 528 + 3 * ((c // 2) * 356 + 32768)
+                                             + c * 356)
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    (lambda t: t.update(compress_ratios=t["compress_ratios"][:-1]),
+     "compress_ratios has 42 entries"),
+    (lambda t: t["compress_ratios"].__setitem__(5, 4), "compress_ratios holds 4"),
+    (lambda t: t["compress_ratios"].__setitem__(21, 2),
+     "layer 21 reading records of ratio 2 but its nearest KV source at or before it, layer 20, "
+     "has ratio 1"),
+    (lambda t: t.update(index_source_layer_ids=[2, 8, 14, 24]),
+     "KV source layer 20 with compress ratio 1; a source must compress"),
+    (lambda t: t.update(kv_source_layer_ids=[50]), r"kv_source_layer_ids=\[50\]"),
+    (lambda t: t.update(engram_num_embeddings=[1]), "1 engram_num_embeddings for 2"),
+])
+def test_bad_configs_are_refused_in_one_sentence(change, needle):
+    cfg = copy.deepcopy(_config())
+    change(cfg["text_config"])
+    with pytest.raises(SpecError, match=needle) as e:
+        model_from_config("v41-bad", cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_decode_grows_far_less_with_context_than_v4():
+    cal = load_calibration(GB300, "vllm")
+
+    def step(model, context):
+        inst = _inst(model, kv_cache="fp8" if model is V4 else "fp4")
+        return step_time(inst, Batch.decode(4, 64, context), cal).total_ms
+
+    v41 = step(V41, 855_000) / step(V41, 131_072)
+    v4 = step(V4, 855_000) / step(V4, 131_072)
+    assert v41 - 1 < (v4 - 1) / 2, (v41, v4)
+
+
+def test_prefill_runs_the_late_layers_on_each_chunks_last_window_only():
+    cal = load_calibration(GB300, "vllm")
+    inst = _inst(role="prefill", ranks=2)
+
+    def parts(tokens):
+        st = step_time(inst, Batch.prefill(2, tokens), cal)
+        head = sum(v for k, v in st.parts.items() if k.endswith((".prefill.module",
+                                                                 ".prefill.indexer")))
+        tail = sum(v for k, v in st.parts.items() if ".prefill_tail." in k)
+        return head, tail, st
+
+    head1, tail1, _ = parts(1024)
+    head8, tail8, st = parts(8192)
+    assert head8 > 4 * head1  # the encoder layers compute every token
+    assert tail8 == pytest.approx(tail1, rel=0.25)  # the late ones 128 rows either way
+    assert "attention.csa2_source_r1.prefill.compressor" in st.parts  # records for every token
+    off = _inst(role="prefill", ranks=2, attn_tp=2)  # sequence parallel: no bounded replay
+    whole = step_time(off, Batch.prefill(1, 8192), cal)
+    assert not any(".prefill_tail." in k for k in whole.parts)
+
+
+def test_a_prefix_hit_computes_its_last_window_again():
+    assert prefix_rewind(_inst(role="prefill", ranks=2)) == 128
+    assert prefix_rewind(_inst(V4, role="prefill", ranks=2)) == 0
+    assert prefix_rewind(_inst(role="prefill", ranks=8, attn_tp=2)) == 0  # sequence parallel
+
+
+def test_a_repeated_turn_on_v41_hits_all_but_the_window(tmp_path: Path):
+    from simulator.des.sessions import Agent, SessionTrace
+    from simulator.specs.deployment import Deployment, Precision
+
+    dep = Deployment(model="deepseek-v4.1-flash", hardware="gb300",
+                     precision=Precision(weights="fp4", kv_cache="fp4", indexer_cache="fp4"),
+                     prefill=RoleSpec(dep=4), decode=RoleSpec(dep=4))
+    path = trace_file(tmp_path, SessionTrace("two", BLOCK, (Agent((turn(0, 10),
+                                                                   turn(5, 15))),)))
+    t = run(dep, path, 2).table
+    assert t.cached[:2].tolist() == [0, 10 * BLOCK - 128]
+    assert t.uncached[:2].tolist() == [640, 320 + 128]
+
+
+def test_engram_tables_stay_in_host_memory():
+    role = RoleSpec(dep=4, max_num_batched_tokens=8192)
+    mem = rank_memory(V41, GB300, role, "fp4", "fp4", "fp4")
+    tables = V41.weight_bytes("fp4")["engram_tables"]
+    assert tables / 1e9 == pytest.approx(202.8, rel=0.01)  # 264 bytes a row
+    assert mem.weights < 100e9 < tables
+    with pytest.raises(SpecError, match=r"plus 203 GB of Engram tables exceed the 240 GB of "
+                                        r"host memory per GPU of gb300"):
+        check_memory("decode", V41, GB300, RoleSpec(dep=1, host_cache_gb=100.0), "fp4", "fp4",
+                     indexer="fp4")
+    check_memory("decode", V41, GB300, RoleSpec(dep=4, max_num_batched_tokens=8192), "fp4",
+                 "fp4", indexer="fp4")
+
+
+def test_every_v41_part_is_priced_from_the_v4_kernels_it_transfers():
+    st = step_time(_inst(), Batch.decode(4, 64, 131_072), load_calibration(GB300, "vllm"))
+    attn = {k: v for k, v in st.provenance.items() if k.startswith("attention.")}
+    assert attn and all(v.startswith("extrapolated (gb300/sparse_attention/vllm")
+                        for v in attn.values()), attn
+    assert "attention.csa2_source_r2.decode.indexer" in attn
+    assert "attention.csa2_reuse_r2.decode.indexer" not in attn  # reuses the top-k
+    assert "engram" in st.parts and "mhc" in st.parts
+    assert sum(st.parts.values()) == pytest.approx(st.total_ms)
+    assert np.isfinite(st.total_ms) and st.total_ms > 0

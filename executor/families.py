@@ -63,7 +63,9 @@ class Family:
     vLLM's hybrid KV-cache manager: rendered as --no-disable-hybrid-kv-cache-manager, so that
     vLLM refuses to start rather than turn it off (a KV connector may)."""
     speculative_method: str = "mtp"
-    """--speculative-config method of the model's own MTP layers."""
+    """--speculative-config method of the model's own draft layers."""
+    kv_cache_tp1: tuple[str, ...] = ()
+    """--kv-cache-dtype values only a backend that needs attention TP 1 reads."""
 
     def kv_cache_dtype(self, precision: str) -> str | None:
         """The --kv-cache-dtype value of a precision.kv_cache; None when vLLM has none here."""
@@ -135,6 +137,34 @@ FAMILIES: dict[str, Family] = {
         # vllm/config/speculative.py: V4's MTP layers load as DeepSeekV4MTPModel under "mtp".
         speculative_method="mtp",
     ),
+    "DeepseekV41ForCausalLM": Family(
+        # vllm/models/deepseek_v41/attention.py: the packed records. fp8 by its own name,
+        # fp8_ds_mla: plain "fp8" resolves to the backend's preferred record, which under
+        # Blackwell's mega attention (FLASHMLA_MEGA_ATTN_DSV41, the SM100 default) is
+        # nvfp4_ds_mla; fp4 is that nvfp4_ds_mla record (288 bytes), whose window entries
+        # stay fp8.
+        kv_cache={"fp8": "fp8_ds_mla", "fp4": "nvfp4_ds_mla"},
+        kv_cache_why="vLLM's DeepSeek-V4.1 FlashMLA and mega-attention backends keep packed fp8 "
+                     "or nvfp4 records (bf16 rows only on its FlashInfer backend, not picked "
+                     "on Blackwell datacenter GPUs or Hopper)",
+        # FlashMLA (sparse_mla) and mega attention (flash_mla_mega_attn.py)
+        # supported_kv_cache_dtypes.
+        vllm_kv_cache_dtypes=("auto", "fp8", "fp8_ds_mla", "nvfp4_ds_mla"),
+        # vllm/config/model.py (TokenizerMode; what "auto" resolves to for V4.1) and vLLM's
+        # DeepSeek-V4.1 recipe's --tokenizer-mode deepseek_v41.
+        tokenizer_mode="deepseek_v41",
+        sparse_indexer=True,
+        # vllm/models/deepseek_v41/nvidia/model.py: MegaMoE needs expert parallel, SM100 and
+        # fp4 experts, as for V4.
+        mega_moe="deep_gemm_mega_moe",
+        # a window group and the compressed records' group (kv_cache_interface.py)
+        hybrid_kv_cache=True,
+        # vllm/config/speculative.py: V4.1's draft layers run only as "dspark" ("mtp" raises).
+        speculative_method="dspark",
+        # nvfp4_ds_mla is read only by mega attention, which needs 8 local heads per output
+        # group (64 heads in 8 groups: attention TP 1) (flash_mla_mega_attn.py).
+        kv_cache_tp1=("nvfp4_ds_mla",),
+    ),
 }
 """Architecture -> Family; every other architecture gets GENERIC."""
 
@@ -165,6 +195,13 @@ def deployment_problems(deployment: Deployment, architecture: str) -> list[str]:
         problems.append(f"precision.kv_cache={precision.kv_cache!r} (vLLM {kv}) needs Blackwell "
                         f"datacenter GPUs ({', '.join(SM100_HARDWARE)}), not {hw}; use "
                         "kv_cache fp8")
+    if kv in family.kv_cache_tp1:
+        wide = [f"{name} {r.layout}" for name, r in deployment.roles.items()
+                if r.attention_tp > 1 or (r.dep is None and r.ranks > 1)]
+        if wide:
+            problems.append(f"precision.kv_cache={precision.kv_cache!r} (vLLM {kv}) is read only "
+                            f"by {model}'s mega-attention backend, which needs attention TP 1, "
+                            f"not {', '.join(wide)}; use dep layouts or kv_cache fp8")
     if precision.indexer_cache == "fp4":
         if not family.sparse_indexer:
             problems.append(f"precision.indexer_cache='fp4' needs a model with a sparse-attention "

@@ -95,8 +95,8 @@ def test_deepseek_v32_kv_cache_dtypes(kv, hardware, want):
     (Deployment(model="deepseek-v3", hardware="gb300", precision=Precision(indexer_cache="fp4"),
                 aggregated=RoleSpec(dep=8)),
      "precision.indexer_cache='fp4' needs a model with a sparse-attention indexer "
-     "(DeepseekV32ForCausalLM, DeepseekV4ForCausalLM), but deepseek-v3 is "
-     "DeepseekV3ForCausalLM; use indexer_cache fp8"),
+     "(DeepseekV32ForCausalLM, DeepseekV4ForCausalLM, DeepseekV41ForCausalLM), but "
+     "deepseek-v3 is DeepseekV3ForCausalLM; use indexer_cache fp8"),
     (Deployment(model="deepseek-v3", hardware="gb300", precision=Precision(kv_cache="fp4"),
                 aggregated=RoleSpec(dep=8)),
      "precision.kv_cache='fp4' has no vLLM KV-cache dtype for deepseek-v3 "

@@ -157,6 +157,45 @@ def test_deepseek_v4_processes_carry_what_vllm_needs_for_v4():
     assert flag(decode.argv, "--data-parallel-size") == "16"
 
 
+V41_PD = ROOT / "examples" / "deepseek-v4.1-flash-gb300-pd.yaml"
+
+
+def test_deepseek_v41_flash_pd_wide_ep_plan_matches_its_golden_file():
+    assert load_model("deepseek-v4.1-flash").architecture == "DeepseekV41ForCausalLM"
+    r = render(load_deployment(V41_PD), model_path="/models/DeepSeek-V4.1-Flash")
+    assert_golden("deepseek-v4.1-flash-gb300-pd.txt", command_lines(r))
+
+
+def test_deepseek_v41_processes_carry_what_vllm_needs_for_v41():
+    r = render(load_deployment(V41_PD))
+    for p in r.processes:
+        assert flag(p.argv, "--kv-cache-dtype") == "nvfp4_ds_mla"  # fp4 records, fp8 window
+        assert flag(p.argv, "--tokenizer-mode") == "deepseek_v41"
+        assert json.loads(flag(p.argv, "--attention-config") or "") == {
+            "indexer_kv_dtype": "mxfp4"}
+        assert flag(p.argv, "--moe-backend") == "deep_gemm_mega_moe"
+        assert "--enable-dbo" not in p.argv and "--all2all-backend" not in p.argv
+    (decode, *_) = (p for p in r.processes if p.role == "decode")
+    assert json.loads(flag(decode.argv, "--speculative-config") or "") == {
+        "method": "dspark", "num_speculative_tokens": 5}
+
+
+def test_deepseek_v41_refuses_what_vllm_cannot_run_for_it():
+    base = load_deployment(V41_PD)
+    tp = base.model_copy(update={"decode": RoleSpec(tp=4, max_num_seqs=8)})
+    with pytest.raises(SpecError, match=r"kv_cache='fp4' \(vLLM nvfp4_ds_mla\) .*needs "
+                                        r"attention TP 1, not decode TP4"):
+        render(tp)
+    on_hopper = base.model_copy(update={"hardware": "h200"})
+    with pytest.raises(SpecError, match=r"nvfp4_ds_mla\) needs Blackwell"):
+        render(on_hopper)
+    bf16 = base.model_copy(update={"precision": base.precision.model_copy(
+        update={"kv_cache": "bf16"})})
+    with pytest.raises(SpecError, match=r"kv_cache='bf16' has no vLLM KV-cache dtype for "
+                                        r"deepseek-v4.1-flash"):
+        render(bf16)
+
+
 def test_a_single_role_bench_deck_is_not_deployed():
     d = Deployment(model="deepseek-v3", hardware="h200", decode=RoleSpec(dep=8))
     with pytest.raises(SpecError, match="only decode instances, an isolated-role bench"):

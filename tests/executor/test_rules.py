@@ -171,8 +171,8 @@ def test_check_rendered_applies_the_family_rules_it_is_given():
      "--block-size 256"),
     ([("--attention-config", {"indexer_kv_dtype": "mxfp4"})], "DeepseekV3ForCausalLM", None,
      "--attention-config indexer_kv_dtype='mxfp4' applies to models with a DeepSeek "
-     "sparse-attention indexer (DeepseekV32ForCausalLM, DeepseekV4ForCausalLM), not "
-     "DeepseekV3ForCausalLM; drop it"),
+     "sparse-attention indexer (DeepseekV32ForCausalLM, DeepseekV4ForCausalLM, "
+     "DeepseekV41ForCausalLM), not DeepseekV3ForCausalLM; drop it"),
     ([("--attention-config", {"indexer_kv_dtype": "nvfp4"})], V4, None,
      "--attention-config indexer_kv_dtype='nvfp4' is not one the DeepSeek sparse indexer "
      "supports; use one of auto, fp8, mxfp4"),
@@ -182,8 +182,8 @@ def test_check_rendered_applies_the_family_rules_it_is_given():
     ([("--moe-backend", "deep_gemm_mega_moe")], V4, None,
      "--moe-backend deep_gemm_mega_moe needs --enable-expert-parallel"),
     ([("--moe-backend", "deep-gemm-mega-moe"), EP], "DeepseekV3ForCausalLM", None,
-     "--moe-backend deep-gemm-mega-moe runs in the MoE layers of DeepseekV4ForCausalLM only, "
-     "not DeepseekV3ForCausalLM; drop it (auto)"),
+     "--moe-backend deep-gemm-mega-moe runs in the MoE layers of DeepseekV4ForCausalLM, "
+     "DeepseekV41ForCausalLM only, not DeepseekV3ForCausalLM; drop it (auto)"),
 ])
 def test_family_rules_refuse_what_vllm_refuses_for_the_model(flags, arch, hardware, needle):
     (problem,) = record_problems(serve(*flags, dp=dp(4)), architecture=arch, hardware=hardware)

@@ -14,6 +14,7 @@ from tests.executor.cluster import pd_rendering
 
 GOLDEN = Path(__file__).parent / "golden" / "deepseek-v3-h200-pd.txt"
 V4_GOLDEN = Path(__file__).parent / "golden" / "deepseek-v4-flash-gb300-pd.txt"
+V41_GOLDEN = Path(__file__).parent / "golden" / "deepseek-v4.1-flash-gb300-pd.txt"
 MODES = {"NONE": 0, "FULL": 1}
 
 
@@ -127,6 +128,20 @@ def test_vllm_s_own_parser_accepts_the_deepseek_v4_golden_rendering():
     assert [e for e in result.errors if e.process != "old recipe host 0"] == []
     ((flag, message),) = [(e.flag, e.message) for e in result.errors]
     assert flag == "--attention-config" and "use_fp4_indexer_cache" in message
+
+
+@pytest.mark.skipif(engine_python() is None, reason="no engine environment (.venv-engine)")
+def test_vllm_s_own_parser_accepts_the_deepseek_v41_golden_rendering():
+    """nvfp4_ds_mla, the deepseek_v41 tokenizer mode and the dspark speculative method pass
+    vLLM 0.32's own parser; a KV-cache dtype it has no name for is refused."""
+    processes = golden_processes(V41_GOLDEN)
+    head = processes[-1][1]
+    bad = [*head[:3], "--kv-cache-dtype", "fp4_ds_mla", *head[3:]]
+    result = check_with_vllm([*processes, ("bad kv host", bad)])
+    assert result.skipped is None, result.skipped
+    assert [e for e in result.errors if e.process != "bad kv host"] == []
+    ((flag, _),) = [(e.flag, e.message) for e in result.errors]
+    assert flag == "--kv-cache-dtype"
 
 
 @pytest.mark.skipif(engine_python() is None, reason="no engine environment (.venv-engine)")

@@ -51,13 +51,15 @@ def test_silicon_repeatability_prints_the_noise_floor():
 def test_report_figures_prints_every_figure_with_its_command():
     import json
 
-    rows = json.loads(run("benchmarks/report_figures.py", "--json", "--no-rack"))["figures"]
-    assert len(rows) == 13 and all(r["command"] for r in rows)  # the rack line takes minutes
-    predicted = [r for r in rows if r["predicted"] is not None]
-    assert len(predicted) == 13
-    for r in predicted:
-        assert r["predicted"] > 0
-        assert r["rel_error"] == (r["predicted"] - r["published"]) / r["published"]
+    got = json.loads(run("benchmarks/report_figures.py", "--json", "--no-rack"))
+    assert got["models"] == ["deepseek-v4.1-flash", "deepseek-v4-flash"]
+    rows = got["figures"]
+    assert len(rows) == 13  # the rack line takes minutes
+    for r in rows:
+        for model in got["models"]:  # each figure priced for both, with its command
+            p = r[model]
+            assert p["command"] and p["predicted"] is not None and p["predicted"] > 0
+            assert p["rel_error"] == (p["predicted"] - r["published"]) / r["published"]
 
 
 def test_wide_ep_comm_prints_deepep_beside_rackplan():

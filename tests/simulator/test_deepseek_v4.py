@@ -133,7 +133,8 @@ def test_a_cached_prefix_prefill_costs_less_than_a_cold_one(name):
 
 
 @pytest.mark.parametrize("hw", [h for h in HARDWARE if h != "cpu"])
-@pytest.mark.parametrize("model", [FLASH, PRO], ids=["flash", "pro"])
+@pytest.mark.parametrize("model", [FLASH, PRO, load_model("deepseek-v4.1-flash")],
+                         ids=["flash", "pro", "v4.1-flash"])
 def test_v4_step_on_every_gpu(hw, model):
     st = _decode(model, 8, 32, 32768, load_hardware(hw))
     assert np.isfinite(st.total_ms) and st.total_ms > 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.defaults import workload_presets
+from planner.space import draft_method
 from simulator.des.traces import read_trace
 from simulator.specs.deployment import Deployment
 from simulator.specs.errors import SpecError
@@ -45,14 +46,16 @@ class RoleKnobs:
     max_num_batched_tokens: int = 8192
     """Most tokens in one engine step, per rank."""
     mtp_tokens: int = 0
-    """MTP draft tokens per step (0: no speculative decoding); ignored for prefill."""
+    """Draft tokens per step of the model's own draft layers, MTP or DSpark (0: no
+    speculative decoding); ignored for prefill."""
     mtp_acceptance: float = 0.7
-    """Probability that an MTP draft token is accepted."""
+    """Probability that a draft token is accepted."""
     host_cache_gb: float = 0.0
     """GiB of host memory per GPU for the prefix cache's second tier (0: none)."""
 
-    def spec(self, role: str) -> dict[str, Any]:
-        """The role's entry in a deployment dict (DESIGN.md format)."""
+    def spec(self, role: str, method: str = "mtp") -> dict[str, Any]:
+        """The role's entry in a deployment dict (DESIGN.md format); `method` drafts with the
+        model's own draft layers (mtp, or dspark for DeepSeek-V4.1's)."""
         out: dict[str, Any] = {
             "instances": self.instances, "dep": self.dep,
             "redundant_experts": self.redundant_experts,
@@ -60,7 +63,7 @@ class RoleKnobs:
             "max_num_batched_tokens": self.max_num_batched_tokens,
         }
         if role != "prefill" and self.mtp_tokens > 0:
-            out["speculative"] = {"method": "mtp", "tokens": self.mtp_tokens,
+            out["speculative"] = {"method": method, "tokens": self.mtp_tokens,
                                   "acceptance": self.mtp_acceptance}
         if self.host_cache_gb > 0:
             out["host_cache_gb"] = self.host_cache_gb
@@ -107,9 +110,19 @@ class DeploymentKnobs:
             out["precision"]["indexer_cache"] = self.indexer_cache
         if self.gpu_budget > 0:
             out["gpus"] = self.gpu_budget
+        method = _draft_method(self.model)
         for name in names:
-            out[name] = self.roles[name].spec(name)
+            out[name] = self.roles[name].spec(name, method)
         return out
+
+
+def _draft_method(model: str) -> str:
+    """The speculative method of `model`'s draft layers; mtp where the model does not load
+    (loading the deployment then says why)."""
+    try:
+        return draft_method(model)
+    except SpecError:
+        return "mtp"
 
 
 def build_deployment(knobs: DeploymentKnobs) -> Deployment:

@@ -528,7 +528,7 @@ def _print_search(summary: Any, config: Any, name: str, storage: str,
         at = f", at {load_text(config.workload, summary.best['load'])}"
     t = Table(title=f"chosen plan (trial {summary.best['number']}{at})")
     for col in ("role", "instances", "DEP", "GPUs", "max_num_seqs", "max_num_batched_tokens",
-                "redundant experts", "MTP tokens", "all2all"):
+                "redundant experts", "draft tokens", "all2all"):
         t.add_column(col, justify="left" if col in ("role", "all2all") else "right")
     for role in ("prefill", "decode", "aggregated"):
         r = d.get(role)

@@ -1,6 +1,6 @@
 """What `rackplan search` (and `make demo`) plans when told nothing: the question of vLLM's
-DeepSeek-V4-Flash report, DeepSeek-V4-Flash on one GB300 NVL72 rack under SemiAnalysis AgentX
-traffic at 196 tokens/s per user for 90 % of requests."""
+DeepSeek-V4.1-Flash report, DeepSeek-V4.1-Flash on one GB300 NVL72 rack under SemiAnalysis
+AgentX traffic at 196 tokens/s per user for 90 % of requests."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_workload
 from simulator.specs.workload import Workload
 
-MODEL = "deepseek-v4-flash"
+MODEL = "deepseek-v4.1-flash"
 HARDWARE = "gb300"
 GPUS = 72
 """One GB300 NVL72 rack."""

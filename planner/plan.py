@@ -80,6 +80,10 @@ class Summary:
     first (`slo_standing`)."""
 
 
+DRAFT_NAMES = {"mtp": "MTP", "dspark": "DSpark"}
+"""How a plan's short description names each speculative method."""
+
+
 def _rank_throughput(r: dict[str, Any]) -> tuple[float, ...]:
     return (-(metric_value(r["metrics"], THROUGHPUT) or 0.0), r["number"])
 
@@ -253,7 +257,9 @@ def describe(d: dict[str, Any]) -> str:
         if role != "prefill":
             extra.append(f"seqs {r.get('max_num_seqs', 256)}")
             if r.get("speculative"):
-                extra.append(f"MTP{r['speculative'].get('tokens', 1)}")
+                spec = r["speculative"]
+                name = DRAFT_NAMES.get(spec.get("method", "mtp"), "MTP")
+                extra.append(f"{name}{spec.get('tokens', 1)}")
             if r.get("all2all_backend"):
                 extra.append(r["all2all_backend"].split("_")[0])
         if role != "decode":

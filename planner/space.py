@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from simulator.calibration import Calibration
 from simulator.cost.memory import check_memory
@@ -23,6 +23,7 @@ from simulator.resolve import Resolved, resolve
 from simulator.specs.deployment import (
     DBO_BACKENDS,
     DEFAULT_BACKEND,
+    SM100_HARDWARE,
     All2AllBackend,
     Deployment,
     Precision,
@@ -73,9 +74,10 @@ class SearchSpace:
     max_num_batched_tokens: tuple[int, ...] = (4096, 8192, 16384, 32768)
     """Prefill (and aggregated) step token limits per rank."""
     mtp_tokens: tuple[int, ...] = (0,)
-    """MTP draft tokens (0: off); only (0,) for a model without MTP layers."""
+    """Draft tokens of the model's own draft layers, MTP or DSpark (0: off); only (0,) for a
+    model without draft layers."""
     mtp_acceptance: float = 0.7
-    """Assumed acceptance of each MTP draft token (a property of model and traffic)."""
+    """Assumed acceptance of each draft token (a property of model and traffic)."""
     all2all: tuple[All2AllBackend | None, ...] = ("deepep_low_latency", "allgather_reducescatter")
     """MoE token exchange tried on decode and aggregated instances (None: the engine's own
     choice, which is MegaMoE where it runs); prefill keeps the default."""
@@ -111,7 +113,7 @@ def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise SpecError(f"--gpus={gpus!r} must be a whole number of GPUs >= 1")
     spec, hw = load_model(model), load_hardware(hardware)
-    precision = precision or native_precision(spec)
+    precision = precision or native_precision(spec, hardware)
     mnbt = min(choices.get("max_num_batched_tokens", SearchSpace.max_num_batched_tokens))
     topology = Topology.build(hw, gpus)
     deps, redundant, why = [], {}, ""
@@ -124,7 +126,8 @@ def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
             topology.place([InstanceRequest("instance-0", dep)])
             check_memory("instance", spec, hw, RoleSpec(dep=dep, redundant_experts=options[0],
                                                          max_num_batched_tokens=mnbt),
-                         precision.weights, precision.kv_cache)
+                         precision.weights, precision.kv_cache,
+                         indexer=precision.indexer_cache)
         except SpecError as e:
             why = str(e)
             continue
@@ -134,6 +137,10 @@ def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
         raise SpecError(f"{model} fits no DEP size on {gpus} x {hardware}: {why}")
     if "mtp_tokens" not in choices:
         choices["mtp_tokens"] = mtp_options(spec)
+    if "mtp_acceptance" not in choices and spec.dspark_block:
+        choices["mtp_acceptance"] = DSPARK_ACCEPTANCE
+    if spec.engram_layers:  # vLLM runs no Engram layer micro-batched
+        choices["dbo"] = (False,)
     if "all2all" not in choices and uses_mega_moe(spec.architecture, hardware,
                                                   RoleSpec(dep=8), precision.weights):
         choices["all2all"] = (None, *SearchSpace.all2all)
@@ -151,10 +158,20 @@ def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
                        redundant=redundant, engine=engine, precision=precision, **choices)
 
 
-def native_precision(model: ModelSpec) -> Precision:
+DSPARK_ACCEPTANCE = 0.78
+"""Assumed acceptance of each DSpark draft token: 3.51 tokens accepted per step with blocks of
+5, InferenceX's reference acceptance length for DeepSeek-V4.1-Flash (thinking on)."""
+
+
+def native_precision(model: ModelSpec, hardware: str = "") -> Precision:
     """The checkpoint's own: fp4 weights where its routed experts are stored in fp4 (e.g.
-    DeepSeek-V4), else fp8; fp8 KV and indexer caches."""
-    return Precision(weights="fp4" if model.expert_dtype == "fp4" else "fp8")
+    DeepSeek-V4), else fp8; fp8 KV and indexer caches, but for DeepSeek-V4.1 on Blackwell,
+    where vLLM's default (mega attention) stores fp4 records and the recipe MXFP4 index
+    keys."""
+    weights = "fp4" if model.expert_dtype == "fp4" else "fp8"
+    if model.attention == "dsv41" and hardware.lower() in SM100_HARDWARE:
+        return Precision(weights=weights, kv_cache="fp4", indexer_cache="fp4")
+    return Precision(weights=weights)
 
 
 def _dep_candidates(gpus: int, given: Any) -> list[int]:
@@ -178,10 +195,13 @@ def redundant_options(model: ModelSpec, dep: int) -> tuple[int, ...]:
 
 
 def mtp_options(model: ModelSpec) -> tuple[int, ...]:
-    """MTP draft tokens worth trying: 0 (off) and 1..3 where vLLM allows them for the model."""
+    """Draft tokens worth trying: 0 (off) and 1..3 where vLLM allows them for the model's MTP
+    layers; 0, 3 and a whole block for DSpark layers (one pass drafts up to a block)."""
     m = model.mtp_layers
     if not m:
         return (0,)
+    if model.dspark_block:
+        return tuple(sorted({0, min(3, model.dspark_block), model.dspark_block}))
     return (0, *(k for k in (1, 2, 3) if mtp_tokens_fit(k, m)))
 
 
@@ -242,7 +262,9 @@ def deployment_from_params(space: SearchSpace, params: Mapping[str, Any]) -> Dep
             fields["all2all_backend"] = params[f"{role}_all2all"]
             mtp = int(params[f"{role}_mtp_tokens"])
             if mtp:
-                fields["speculative"] = Speculative(tokens=mtp, acceptance=space.mtp_acceptance)
+                fields["speculative"] = Speculative(
+                    method=draft_method(space.model), tokens=mtp,
+                    acceptance=space.mtp_acceptance)
         backend = fields.get("all2all_backend") or DEFAULT_BACKEND[role]
         if params.get(f"{role}_dbo", space.dbo[0]) and backend in DBO_BACKENDS:
             fields["dbo"] = True
@@ -250,6 +272,11 @@ def deployment_from_params(space: SearchSpace, params: Mapping[str, Any]) -> Dep
     precision = {} if space.precision == Precision() else {"precision": space.precision}
     return Deployment(model=space.model, hardware=space.hardware, engine=space.engine,
                       **precision, **roles)
+
+
+def draft_method(model: str) -> Literal["mtp", "dspark"]:
+    """The speculative method of a model's own draft layers."""
+    return "dspark" if load_model(model).dspark_block else "mtp"
 
 
 def pd_sizes(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, tuple[int, int]]:

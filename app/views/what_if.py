@@ -47,8 +47,9 @@ def role_inputs(role: str) -> RoleKnobs:
                            d.max_num_batched_tokens, key=f"{k}_mnbt")
     mtp, acceptance = 0, d.mtp_acceptance
     if role != "prefill":
-        mtp = st.number_input("MTP draft tokens (0: off)", 0, 8, d.mtp_tokens, key=f"{k}_mtp")
-        acceptance = st.number_input("MTP acceptance", 0.0, 1.0, d.mtp_acceptance,
+        mtp = st.number_input("Draft tokens (MTP or DSpark; 0: off)", 0, 8, d.mtp_tokens,
+                              key=f"{k}_mtp")
+        acceptance = st.number_input("Draft acceptance", 0.0, 1.0, d.mtp_acceptance,
                                      key=f"{k}_acceptance")
     host = st.number_input("Host prefix-cache tier (GiB per GPU; 0: none)", 0.0, 4096.0,
                            d.host_cache_gb, key=f"{k}_host",

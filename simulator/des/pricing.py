@@ -121,7 +121,7 @@ class StepPricer:
         self._key = instance_key(instance)
         self._ep = instance.ep > 1
         self.calls = 0
-        """Steps priced through this pricer."""
+        """Prices looked up through this pricer (a run of identical steps looks up one)."""
         probe = step_time(instance, Batch.decode(instance.dp, 1, 1), calibration)
         self.accepted_per_request = probe.tokens / instance.dp
         """Tokens a decode request gains per step (1, or more with speculative decoding)."""
@@ -165,6 +165,14 @@ class StepPricer:
         self._memo[key] = self._shared[(self._key, *key)] = priced
         self._remember(seen, priced)
         return priced
+
+    def repeats(self, decode_requests: np.ndarray, decode_context: np.ndarray) -> int:
+        """Of decode-only steps with these requests per rank and `decode_context` (one row per
+        step, one column per rank), how many in a row from the first have the first's rounded
+        rows, and so its price (with the same expert load)."""
+        rounded = round_bits(decode_context, self.bits)
+        same = np.all(rounded == rounded[0], axis=1)
+        return len(same) if same.all() else int(np.argmin(same))
 
     def attention_wait(self, decode_requests: np.ndarray, decode_context: np.ndarray,
                        prefill_tokens: np.ndarray, prefill_requests: np.ndarray,

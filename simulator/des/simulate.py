@@ -75,6 +75,10 @@ class SimOptions:
     attention work on its first step and every this-many-th after it, scaled to all its steps
     (pricing each rank's attention on every step costs as much as the steps themselves); 1
     prices every step."""
+    macro_steps: bool = True
+    """Take a run of decode steps that repeat the same batch at the same price (until a
+    request joins or finishes) as one event: the same results as stepping one by one (every
+    metric, tested), in a fraction of the time; False steps one by one."""
 
     @classmethod
     def serving(cls, overhead: ServingOverhead) -> SimOptions:
@@ -141,7 +145,7 @@ class _Run:
                              workload.prefix_hit_rate,
                              self.model.kv_token_cost(deployment.precision.kv_cache,
                                                       deployment.precision.indexer_cache),
-                             max(int(opts.dp_wait_every), 1))
+                             max(int(opts.dp_wait_every), 1), opts.macro_steps)
         for role in self._running_roles():
             self.engines[role] = [self._engine(role, i) for i in
                                   range(deployment.roles[role].instances)]

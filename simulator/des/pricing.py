@@ -117,6 +117,8 @@ class StepPricer:
         """The same prices by the rounded rows before the front is taken (rank order kept)."""
         self._waits: dict[bytes, float] = {}
         """Attention waits by the rounded rows (`attention_wait`)."""
+        self._rank_ms: dict[bytes, float] = {}
+        """One rank's attention ms by its rounded row (a rank's depends on its row alone)."""
         self._shared, self._shared_opened, self._ops = _shared_memo(calibration)
         self._key = instance_key(instance)
         self._ep = instance.ep > 1
@@ -186,9 +188,24 @@ class StepPricer:
         if wait is None:
             if len(self._waits) > ROWS_ENTRIES:
                 self._waits.clear()
-            ms = rank_attention_ms(self.instance, Batch(*columns), cast(Calibration, self._ops))
+            ms = self._attention_ms(columns)
             wait = self._waits[seen] = float((ms.max() - ms).sum())
         return wait
+
+    def _attention_ms(self, columns: np.ndarray) -> np.ndarray:
+        """Each rank's attention ms of the rounded `columns` (one per rank), priced only for the
+        rows no earlier wait priced (the same floats: the cost model prices ranks apart)."""
+        if len(self._rank_ms) > ROWS_ENTRIES:
+            self._rank_ms.clear()
+        rows = [row.tobytes() for row in columns.T.copy()]
+        ms = [self._rank_ms.get(row) for row in rows]
+        new = [r for r, got in enumerate(ms) if got is None]
+        if new:
+            priced = rank_attention_ms(self.instance, Batch(*columns[:, new]),
+                                       cast(Calibration, self._ops))
+            for r, got in zip(new, priced.tolist(), strict=False):  # one row: priced per rank
+                ms[r] = self._rank_ms[rows[r]] = got
+        return np.array(ms)
 
     def _exact(self, rows: np.ndarray, front: bytes, top: float,
                expert_tokens: np.ndarray | None) -> StepTime:

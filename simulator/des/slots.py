@@ -14,6 +14,7 @@ steps=k)`; the engines' macro-steps).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -47,6 +48,9 @@ class DecodeSlots:
         """Output tokens it had when it turned active (1 after an aggregated prefill)."""
         self.steps = np.zeros(shape)
         """Decode steps it has taken since (whole numbers)."""
+        self.finish_at = np.zeros(shape)
+        """Steps after which it has all its output: the least whole k with generated0 +
+        k x accepted >= target - DONE_EPS (set when it turns active)."""
         self.target = np.zeros(shape)
         self.reserved = np.zeros(shape)
         self.held = np.zeros(ranks, dtype=np.int64)
@@ -132,6 +136,13 @@ class DecodeSlots:
         self.fresh[rank, slot] = generated == 0.0
         self.generated0[rank, slot] = generated
         self.context0[rank, slot] += generated
+        a, need = self.accepted, self.target[rank, slot] - DONE_EPS
+        k = max(math.ceil((need - generated) / a), 0)  # then exact, in the arrays' arithmetic
+        while k > 0 and generated + (k - 1) * a >= need:
+            k -= 1
+        while generated + k * a < need:
+            k += 1
+        self.finish_at[rank, slot] = k
 
     def batch(self) -> tuple[np.ndarray, np.ndarray]:
         """Decode requests per rank and their mean context."""
@@ -151,21 +162,8 @@ class DecodeSlots:
 
     def steps_to_finish(self, stepped: np.ndarray) -> int:
         """Steps of the slots of mask `stepped` until the first of them finishes (>= 1)."""
-        a, need = self.accepted, self.target[stepped] - DONE_EPS
-        g0, taken = self.generated0[stepped], self.steps[stepped]
-        if not need.size:
-            return 1
-        k = np.maximum(np.ceil((need - g0) / a - taken), 1.0)  # then exact, as `advance` tests
-        while True:
-            early = (k > 1) & (g0 + (taken + k - 1) * a >= need)
-            if not early.any():
-                break
-            k -= early
-        late = g0 + (taken + k) * a < need
-        while late.any():
-            k += late
-            late = g0 + (taken + k) * a < need
-        return int(k.min())
+        left = np.min(self.finish_at - self.steps, where=stepped, initial=np.inf)
+        return max(int(left) if left < np.inf else 1, 1)
 
     def remaining(self, stepped: np.ndarray | None = None, steps: int = 0) -> float:
         """Output tokens the instance's requests have still to generate, after `steps` more
@@ -191,7 +189,7 @@ class DecodeSlots:
         else:
             first = self.rid[fresh]
             self.fresh[fresh] = False
-        done = a & (self.generated >= self.target - DONE_EPS)
+        done = a & (self.steps >= self.finish_at)
         finished = self.rid[done]
         ranks: list[int] = []
         if finished.size:

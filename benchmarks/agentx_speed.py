@@ -3,8 +3,10 @@ subagents, from turn 0) on one GB300 NVL72 rack of DeepSeek-V4-Flash, P 20 x DEP
 256 lanes.
 
 The target is 1,000 trees in 10 s on one core; prints the trees, requests, simulated seconds,
-wall seconds and requests per wall-second.
-Run: .venv/bin/python benchmarks/agentx_speed.py [--trees N] [--lanes N]
+engine steps, the simulation's CPU and wall seconds and requests per CPU second.
+--single-steps steps every engine one step at a time (SimOptions.macro_steps off, the
+reference the macro-steps are tested against).
+Run: .venv/bin/python benchmarks/agentx_speed.py [--trees N] [--lanes N] [--single-steps]
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulator.des import simulate
+from simulator.des import SimOptions, simulate
 from simulator.des.agentx import generate
 from simulator.specs.agentx import AgentxShape
 from simulator.specs.deployment import Deployment, Precision, RoleSpec, Speculative
@@ -34,6 +36,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trees", type=int, default=1000, help="session trees (default 1,000)")
     ap.add_argument("--lanes", type=int, default=256, help="trees alive at once (default 256)")
+    ap.add_argument("--single-steps", action="store_true",
+                    help="one event per engine step (no macro-steps)")
     args = ap.parse_args()
     if args.trees < 1 or args.lanes < 1:
         ap.error(f"--trees={args.trees} and --lanes={args.lanes} must be >= 1")
@@ -45,13 +49,14 @@ def main() -> None:
                                                 shape=shape, start="turn0",
                                                 sampling="sequential"),
                         requests=requests)
-    t0 = time.perf_counter()
-    m = simulate(DEPLOYMENT, workload).metrics()
-    wall = time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = simulate(DEPLOYMENT, workload, options=SimOptions(macro_steps=not args.single_steps))
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    m = res.metrics()
     print(f"{args.trees:,} trees, {requests:,} requests ({m['completed']:,} completed), "
-          f"{m['duration_s']:,.0f} simulated s: {wall:,.1f} s wall "
-          f"({requests / wall:,.0f} requests/s; corpus generated in {gen_s:.1f} s); "
-          f"target 1,000 trees in 10 s")
+          f"{m['duration_s']:,.0f} simulated s, {res.steps:,} engine steps: {cpu:,.1f} s CPU, "
+          f"{wall:,.1f} s wall ({requests / cpu:,.0f} requests per CPU s; corpus generated in "
+          f"{gen_s:.1f} s); target 1,000 trees in 10 s")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Discrete-event simulation of a deployment serving a workload (SimPy, one event per step)."""
+"""Discrete-event simulation of a deployment serving a workload (SimPy, one event per engine step
+or per run of identical decode steps)."""
 
 from simulator.des.experts import ExpertLoad, power_law_popularity, read_expert_counts
 from simulator.des.metrics import InstanceInfo, SimResult, Timeline

@@ -2,7 +2,9 @@
 
 All DP ranks of an instance step in lock-step. Each step the engine plans every rank's batch
 (per-rank arrays), prices it with the cost model (slowest rank for attention, most-loaded EP
-rank for the MoE), waits that long, then applies the step to its requests.
+rank for the MoE), waits that long, then applies the step to its requests. Decode steps that
+would repeat the same batch at the same price go as one event (a macro-step,
+`simulator.des.runs`), with the same outcome.
 
 - `PrefillEngine`: chunked prefill; hands finished prompts to the pipeline (KV transfer) and
   keeps their KV until the pipeline releases it.
@@ -13,7 +15,7 @@ rank for the MoE), waits that long, then applies the step to its requests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +31,7 @@ from simulator.des.metrics import Recorder
 from simulator.des.prefix_cache import RankCaches, cached_tokens
 from simulator.des.pricing import StepPricer
 from simulator.des.requests import RequestTable
+from simulator.des.runs import MAX_RUN, Run, delay_to
 from simulator.des.slots import DecodeSlots
 from simulator.specs.deployment import ADP_BALANCE_TIMEOUT_STEPS, RoleSpec
 
@@ -61,6 +64,8 @@ class Shared:
     entries and per-request state, in units of one full token's KV)."""
     dp_wait_every: int = 1
     """Steps of an instance per one whose DP wait is priced (SimOptions.dp_wait_every)."""
+    macro_steps: bool = True
+    """Take runs of identical decode steps as one event (SimOptions.macro_steps)."""
 
 
 class Engine:
@@ -75,11 +80,15 @@ class Engine:
         self.kv = KvPool(self.dp, kv_tokens, lambda: self.env.now, shared.kv_cost)
         self._wake = self.env.event()
         self._idle = False
+        self._run: Run | None = None
+        """The run of steps in progress (a macro-step), if any."""
+        self._interruptible = False
+        """Whether `poke` ends the run at its step in progress."""
         self._steps = 0
         """Steps priced so far (every `dp_wait_every`-th also prices the DP wait)."""
         self.rewind = prefix_rewind(pricer.instance)
         """Tokens of each prefix-cache hit computed again (`prefix_rewind`)."""
-        self.env.process(self._loop())
+        self._process = self.env.process(self._loop())
 
     # ---- the step loop -------------------------------------------------------------------
 
@@ -90,43 +99,93 @@ class Engine:
                 self._idle, self._wake = True, self.env.event()
                 yield self._wake
                 continue
+            steps = self.repeats(plan) if self.shared.macro_steps else 1
+            if steps > 1:
+                yield from self._take_run(plan, steps)
+                continue
             st = self.price(plan)
             yield self.env.timeout(st.total_ms / 1e3)
             self.apply(plan, st.total_ms / 1e3)
 
+    def _take_run(self, plan: StepPlan, steps: int) -> Generator[Any, Any, None]:
+        """Up to `steps` steps of `plan` as one event: all of them, or, when `poke` comes
+        during the run, those up to the one in progress then (`simulator.des.runs`)."""
+        cost = self._cost(plan)
+        seconds = cost[0].total_ms / 1e3
+        run = self._run = Run(self.env.now, seconds, steps, self.waiting(), self.kv.use(),
+                              plan.stepped)
+        self._interruptible = True
+        try:
+            yield self.env.timeout(delay_to(self.env.now, run.end))
+        except simpy.Interrupt:
+            now = self.env.now
+            steps = run.done_by(now) + 1  # those that ended before now, and the one running
+            if run.ends[steps - 1] > now:
+                yield self.env.timeout(delay_to(now, float(run.ends[steps - 1])))
+        self._interruptible, self._run = False, None
+        self._record(plan, cost, run.pieces(steps), seconds)
+        self.apply(plan, seconds, steps)
+
     def poke(self) -> None:
-        """New work may be possible: wake the loop if it sleeps."""
+        """New work may be possible: wake the loop if it sleeps, and end a run of steps at the
+        step in progress."""
         if self._idle:
             self._idle = False
             self._wake.succeed()
+        elif self._interruptible:
+            self._interruptible = False
+            self._process.interrupt()
+
+    def _changed(self) -> None:
+        """The queue or the KV use changed: the steps of a run from now on record the new."""
+        if self._run is not None:
+            self._run.mark(self.env.now, self.waiting(), self.kv.use())
 
     def price(self, plan: StepPlan) -> StepTime:
+        """Price one step of `plan` and record it, as starting now."""
+        cost = self._cost(plan)
+        self._record(plan, cost, [(self.env.now, 1, self.waiting(), self.kv.use())], 0.0)
+        return cost[0]
+
+    def _cost(self, plan: StepPlan) -> tuple[StepTime, float, float | None]:
+        """A step of `plan`: its price, its tokens, and its EP imbalance (None without EP)."""
         work = plan.decode_requests * (1 + self.spec_tokens)  # tokens per rank
         if plan.chunks is not None:
             work = work + plan.tokens
         tokens = float(work.sum())
-        expert_tokens = None
+        expert_tokens, imb = None, None
         if self.experts is not None:
             expert_tokens, imb = self.experts.step(tokens)
-            self.shared.recorder.imbalance(imb, tokens)
         st = self.pricer.price(plan.decode_requests, plan.decode_context, plan.tokens,
                                plan.requests, plan.context, expert_tokens)
-        self.shared.recorder.step(self.name, self.env.now, self.waiting(),
-                                  int(plan.decode_count() + (
-                                      plan.requests.sum() if plan.chunks is not None else 0)),
-                                  self.kv.use(), st, self.pricer.instance.ranks)
-        if self.dp > 1:
-            self._dp_wait(plan)
-        return st
+        return st, tokens, imb
 
-    def _dp_wait(self, plan: StepPlan) -> None:
-        """Count the step, and on the first and every `dp_wait_every`-th after it, price how
-        long its ranks wait for the one with the most attention work."""
-        sampled = self._steps % self.shared.dp_wait_every == 0
-        self._steps += 1
+    def _record(self, plan: StepPlan, cost: tuple[StepTime, float, float | None],
+                pieces: Sequence[tuple[float, int, int, float]], every: float) -> None:
+        """Record steps of `plan` priced `cost`, as `pieces`: (time of the first, steps, queue,
+        KV use), each step `every` seconds after the one before."""
+        st, tokens, imb = cost
+        recorder, steps = self.shared.recorder, sum(p[1] for p in pieces)
+        if imb is not None:
+            recorder.imbalance(imb, tokens, steps)
+        batch = int(plan.decode_count() + (plan.requests.sum() if plan.chunks is not None
+                                           else 0))
+        for t, n, queue, kv_use in pieces:
+            recorder.step(self.name, t, queue, batch, kv_use, st, self.pricer.instance.ranks,
+                          n, every)
+        if self.dp > 1:
+            self._dp_wait(plan, steps)
+
+    def _dp_wait(self, plan: StepPlan, steps: int) -> None:
+        """Count `steps` steps of `plan`, and for the first and every `dp_wait_every`-th after
+        it among them, price how long its ranks wait for the one with the most attention
+        work."""
+        every, first = self.shared.dp_wait_every, self._steps
+        sampled = (first + steps - 1) // every - (first - 1) // every  # multiples of `every`
+        self._steps += steps
         self.shared.recorder.dp_step(self.name, self.pricer.attention_wait(
             plan.decode_requests, plan.decode_context, plan.tokens, plan.requests,
-            plan.context) if sampled else None)
+            plan.context) if sampled else None, steps, sampled)
 
     # ---- what subclasses give ------------------------------------------------------------
 
@@ -134,8 +193,12 @@ class Engine:
         """The next step's work, or None when there is none."""
         raise NotImplementedError
 
-    def apply(self, plan: StepPlan, seconds: float) -> None:
-        """The step of `plan` just ended."""
+    def repeats(self, plan: StepPlan) -> int:
+        """Steps of `plan` that can go as one run (1: this one alone)."""
+        return 1
+
+    def apply(self, plan: StepPlan, seconds: float, steps: int = 1) -> None:
+        """The `steps` steps of `plan` (more than one where `repeats` allowed) just ended."""
         raise NotImplementedError
 
     def waiting(self) -> int:
@@ -295,8 +358,8 @@ class PrefillEngine(Engine):
             return None  # all ranks wait for KV space; `release` wakes us
         return _prefill_only(chunks, self.dp)
 
-    def apply(self, plan: StepPlan, seconds: float) -> None:
-        assert plan.chunks is not None
+    def apply(self, plan: StepPlan, seconds: float, steps: int = 1) -> None:
+        assert plan.chunks is not None and steps == 1
         now = self.env.now
         for rank, entry in self.chunks.advance(plan.chunks):
             rid = entry.rid
@@ -325,8 +388,8 @@ class DecodeEngine(Engine):
     def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
                  experts: ExpertLoad | None, kv_tokens: int) -> None:
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
-        self.slots = DecodeSlots(self.dp, spec.max_num_seqs, self.kv)
         self.accepted = pricer.accepted_per_request
+        self.slots = DecodeSlots(self.dp, spec.max_num_seqs, self.kv, self.accepted)
         self._zeros = np.zeros(self.dp)
         self._zeros.flags.writeable = False  # the prefill part of every decode-only plan
 
@@ -335,6 +398,7 @@ class DecodeEngine(Engine):
         rank = int(np.argmin(self.slots.requests()))
         self.slots.enqueue(rank, rid, context, float(self.table.output_len[rid]))
         self._admit(rank)
+        self._changed()
 
     def _admit(self, rank: int) -> None:
         for rid, slot in self.slots.admit(rank):
@@ -356,12 +420,28 @@ class DecodeEngine(Engine):
     def _snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         return self.slots.active.copy(), self.slots.fresh.copy()
 
-    def apply(self, plan: StepPlan, seconds: float) -> None:
+    def repeats(self, plan: StepPlan) -> int:
+        """Decode-only steps without a first token go as a run while no request finishes
+        (the step where the first does is the run's last), at most MAX_RUN, and while the
+        step's rounded rows, so its price, stay those of the first (`StepPricer.repeats`).
+        Drawn expert loads differ step by step: with them every step goes alone."""
+        if (plan.chunks is not None or plan.stepped is None or plan.fresh is None
+                or plan.fresh.any() or (self.experts is not None
+                                        and self.experts.sampling != "expected")):
+            return 1
+        steps = min(self.slots.steps_to_finish(plan.stepped), MAX_RUN)
+        if steps == 1:
+            return 1
+        _, context = self.slots.run_batch(plan.stepped, steps)
+        return self.pricer.repeats(plan.decode_requests, context)
+
+    def apply(self, plan: StepPlan, seconds: float, steps: int = 1) -> None:
         assert plan.stepped is not None and plan.fresh is not None
         fresh = int(plan.fresh.sum())
-        self.shared.recorder.itl(seconds, int(plan.decode_count()) - fresh)
-        first, finished, ranks = self.slots.advance(self.accepted, plan.stepped,
-                                                    plan.fresh if fresh else None)
+        assert steps == 1 or not fresh  # a first token comes from a step alone
+        self.shared.recorder.itl(seconds, int(plan.decode_count()) - fresh, steps)
+        first, finished, ranks = self.slots.advance(plan.stepped, plan.fresh if fresh else None,
+                                                    steps)
         if first.size:
             self.table.first_token[first] = self.env.now
         self._finish(finished)
@@ -372,8 +452,10 @@ class DecodeEngine(Engine):
         return self.slots.waiting()
 
     def load_tokens(self) -> float:
-        s = self.slots
-        return float(np.where(s.rid >= 0, s.target - s.generated, 0.0).sum())
+        run = self._run
+        if run is None:
+            return self.slots.remaining()
+        return self.slots.remaining(run.stepped, run.done_by(self.env.now))
 
     def load_requests(self) -> float:
         return float(self.slots.requests().min())
@@ -433,9 +515,13 @@ class AggregatedEngine(DecodeEngine):
         self._held += 1
         return True
 
-    def apply(self, plan: StepPlan, seconds: float) -> None:
+    def repeats(self, plan: StepPlan) -> int:
+        """As a decode instance's, while no prompt is queued or held."""
+        return 1 if self.chunks.has_work() else super().repeats(plan)
+
+    def apply(self, plan: StepPlan, seconds: float, steps: int = 1) -> None:
         if plan.decode_requests.any():
-            super().apply(plan, seconds)
+            super().apply(plan, seconds, steps)
         if plan.chunks is not None:
             for rank, entry in self.chunks.advance(plan.chunks):
                 self._prompt_done(rank, entry)

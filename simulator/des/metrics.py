@@ -75,68 +75,122 @@ class InstanceInfo:
     """Expected (max - mean) / mean of tokens per EP rank; 0 without expert parallelism."""
 
 
-class Recorder:
-    """Accumulates per-step facts while a run goes."""
+class ExactSum:
+    """A sum of finite floats kept exactly, as a whole number of 2^-1074 (the least float), so
+    that it does not depend on the order of its terms and a term counted k times is the term
+    added k times; `value` rounds it once."""
+
+    __slots__ = ("_units",)
 
     def __init__(self) -> None:
-        self._points: dict[str, list[tuple[float, int, int, float]]] = {}
-        self.breakdown_ms = dict.fromkeys(BREAKDOWN, 0.0)
-        """GPU-milliseconds per category (step time x ranks of the instance)."""
-        self._imb_sum = 0.0
-        self._imb_tokens = 0.0
-        self._dp: dict[str, list[float]] = {}
-        """Instance -> [wait GPU-ms of its sampled steps, sampled steps, steps]."""
-        self._itl: list[tuple[float, int]] = []
+        self._units = 0
+
+    def add(self, x: float, times: int = 1) -> None:
+        num, den = float(x).as_integer_ratio()  # den: a power of two, at most 2^1074
+        self._units += (num * times) << (1075 - den.bit_length())
+
+    @property
+    def value(self) -> float:
+        return self._units / (1 << 1074)  # int / int rounds correctly
+
+
+class Recorder:
+    """Accumulates per-step facts while a run goes.
+
+    Its sums are exact (`ExactSum`), so they do not depend on the order in which the instances'
+    steps are recorded, and a run of k identical steps recorded at once (a macro-step) sums to
+    what its steps recorded one by one do.
+    """
+
+    def __init__(self) -> None:
+        self._points: dict[str, list[tuple[float, int, int, float, int, float]]] = {}
+        """Instance -> (time, queue, batch, KV use, steps, seconds between them): `steps`
+        points, the first at `time`, each the next `seconds` after the one before."""
+        self._busy: dict[tuple[int, int], list[Any]] = {}
+        """(id of a StepTime, ranks) -> [the StepTime, ranks, steps of it]."""
+        self._imb_sum, self._imb_tokens = ExactSum(), ExactSum()
+        self._dp: dict[str, tuple[ExactSum, list[int]]] = {}
+        """Instance -> (wait GPU-ms of its sampled steps, [sampled steps, steps])."""
+        self._itl: dict[float, int] = {}
+        """Decode step seconds -> requests that waited that long for an output token."""
         self.steps = 0
 
     def step(self, name: str, t: float, queue: int, batch: int, kv_use: float,
-             st: StepTime, ranks: int) -> None:
-        self.steps += 1
-        self._points.setdefault(name, []).append((t, queue, batch, kv_use))
-        for k, ms in st.breakdown.items():
-            self.breakdown_ms[k if k in self.breakdown_ms else "other"] += float(ms) * ranks
+             st: StepTime, ranks: int, steps: int = 1, every: float = 0.0) -> None:
+        """`steps` steps of instance `name` (of `ranks` ranks) priced `st`, the first at `t` and
+        each of the others `every` seconds after the one before, each with `queue` requests
+        waiting, `batch` in the step and `kv_use` of the KV space reserved."""
+        self.steps += steps
+        self._points.setdefault(name, []).append((t, queue, batch, kv_use, steps, every))
+        busy = self._busy.get((id(st), ranks))
+        if busy is None:
+            self._busy[(id(st), ranks)] = [st, ranks, steps]
+        else:
+            busy[2] += steps
 
-    def dp_step(self, name: str, wait_ms: float | None) -> None:
-        """A step of DP instance `name`; its attention is set by its busiest DP rank, and
-        `wait_ms` (None when this step was not sampled) is how long the others wait in all
-        (the sum over ranks of the busiest rank's attention ms less their own)."""
-        got = self._dp.setdefault(name, [0.0, 0.0, 0.0])
-        got[2] += 1
+    @property
+    def breakdown_ms(self) -> dict[str, float]:
+        """GPU-milliseconds per category (step time x ranks of the instance)."""
+        sums = {k: ExactSum() for k in BREAKDOWN}
+        for st, ranks, steps in self._busy.values():
+            for k, ms in st.breakdown.items():
+                sums[k if k in sums else "other"].add(float(ms) * ranks, steps)
+        return {k: v.value for k, v in sums.items()}
+
+    def dp_step(self, name: str, wait_ms: float | None, steps: int = 1,
+                sampled: int = 1) -> None:
+        """`steps` steps of DP instance `name`, whose attention is set by its busiest DP rank;
+        `sampled` of them (none when `wait_ms` is None) had their wait priced, `wait_ms` each:
+        how long the other ranks wait in all (the sum over ranks of the busiest rank's
+        attention ms less their own)."""
+        got = self._dp.get(name)
+        if got is None:
+            got = self._dp[name] = (ExactSum(), [0, 0])
+        got[1][1] += steps
         if wait_ms is not None:
-            got[0] += wait_ms
-            got[1] += 1
+            got[0].add(wait_ms, sampled)
+            got[1][0] += sampled
 
     @property
     def dp_wait_ms(self) -> float:
         """GPU-ms DP ranks spent waiting in lock-step for a busier rank's attention: each
         instance's sampled waits scaled to all its steps."""
-        return sum(w * n / k for w, k, n in self._dp.values() if k)
+        return sum(w.value * n / k for _, (w, (k, n)) in sorted(self._dp.items()) if k)
 
-    def imbalance(self, value: float, tokens: float) -> None:
-        """A step's EP imbalance, weighted by its tokens."""
-        self._imb_sum += value * tokens
-        self._imb_tokens += tokens
+    def imbalance(self, value: float, tokens: float, steps: int = 1) -> None:
+        """`steps` steps' EP imbalance, weighted by their tokens."""
+        self._imb_sum.add(value * tokens, steps)
+        self._imb_tokens.add(tokens, steps)
 
-    def itl(self, seconds: float, requests: int) -> None:
-        """A decode step gave `requests` requests their next (non-first) output."""
+    def itl(self, seconds: float, requests: int, steps: int = 1) -> None:
+        """`steps` decode steps of `seconds` each gave `requests` requests their next
+        (non-first) output."""
         if requests:
-            self._itl.append((seconds, requests))
+            self._itl[seconds] = self._itl.get(seconds, 0) + requests * steps
 
     @property
     def expert_imbalance(self) -> float:
-        return self._imb_sum / self._imb_tokens if self._imb_tokens else 0.0
+        tokens = self._imb_tokens.value
+        return self._imb_sum.value / tokens if tokens else 0.0
 
     def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
-        if not self._itl:
-            return np.zeros(0), np.zeros(0)
-        a = np.array(self._itl, dtype=float)
-        return a[:, 0], a[:, 1]
+        """The distinct decode step durations, in order, and how many outputs waited each."""
+        seconds = sorted(self._itl)
+        return (np.array(seconds, dtype=float),
+                np.array([self._itl[s] for s in seconds], dtype=float))
 
     def timelines(self) -> dict[str, Timeline]:
         out = {}
         for name, pts in self._points.items():
-            a = np.array(pts, dtype=float).reshape(-1, 4)
-            out[name] = Timeline(a[:, 0], a[:, 1].astype(np.int64), a[:, 2].astype(np.int64),
+            a = np.array(pts, dtype=float).reshape(-1, 6)
+            steps = a[:, 4].astype(np.int64)
+            a = np.repeat(a, steps, axis=0)
+            time = a[:, 0].copy()
+            first = np.cumsum(steps) - steps  # each entry's first point
+            for i in range(1, int(steps.max(initial=1))):  # later points: one more `every`
+                at = first[steps > i] + i
+                time[at] = time[at - 1] + a[at, 5]
+            out[name] = Timeline(time, a[:, 1].astype(np.int64), a[:, 2].astype(np.int64),
                                  a[:, 3])
         return out
 
@@ -167,9 +221,10 @@ class SimResult:
     uncached_input_tokens: int
     output_tokens: int
     itl_s: np.ndarray
-    """Decode step durations seen by requests past their first token..."""
+    """Decode step durations seen by requests past their first token (distinct, in order)..."""
     itl_weight: np.ndarray
-    """...and how many requests saw each."""
+    """...and how many times a request waited each (a step's requests, summed over the steps
+    that took that long)."""
     breakdown_ms: dict[str, float]
     expert_imbalance: float
     kv_admission_wait_s: float

@@ -117,11 +117,13 @@ class StepPricer:
         """The same prices by the rounded rows before the front is taken (rank order kept)."""
         self._waits: dict[bytes, float] = {}
         """Attention waits by the rounded rows (`attention_wait`)."""
+        self._rank_ms: dict[bytes, float] = {}
+        """One rank's attention ms by its rounded row (a rank's depends on its row alone)."""
         self._shared, self._shared_opened, self._ops = _shared_memo(calibration)
         self._key = instance_key(instance)
         self._ep = instance.ep > 1
         self.calls = 0
-        """Steps priced through this pricer."""
+        """Prices looked up through this pricer (a run of identical steps looks up one)."""
         probe = step_time(instance, Batch.decode(instance.dp, 1, 1), calibration)
         self.accepted_per_request = probe.tokens / instance.dp
         """Tokens a decode request gains per step (1, or more with speculative decoding)."""
@@ -166,6 +168,14 @@ class StepPricer:
         self._remember(seen, priced)
         return priced
 
+    def repeats(self, decode_requests: np.ndarray, decode_context: np.ndarray) -> int:
+        """Of decode-only steps with these requests per rank and `decode_context` (one row per
+        step, one column per rank), how many in a row from the first have the first's rounded
+        rows, and so its price (with the same expert load)."""
+        rounded = round_bits(decode_context, self.bits)
+        same = np.all(rounded == rounded[0], axis=1)
+        return len(same) if same.all() else int(np.argmin(same))
+
     def attention_wait(self, decode_requests: np.ndarray, decode_context: np.ndarray,
                        prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
                        prefill_context: np.ndarray) -> float:
@@ -178,9 +188,24 @@ class StepPricer:
         if wait is None:
             if len(self._waits) > ROWS_ENTRIES:
                 self._waits.clear()
-            ms = rank_attention_ms(self.instance, Batch(*columns), cast(Calibration, self._ops))
+            ms = self._attention_ms(columns)
             wait = self._waits[seen] = float((ms.max() - ms).sum())
         return wait
+
+    def _attention_ms(self, columns: np.ndarray) -> np.ndarray:
+        """Each rank's attention ms of the rounded `columns` (one per rank), priced only for the
+        rows no earlier wait priced (the same floats: the cost model prices ranks apart)."""
+        if len(self._rank_ms) > ROWS_ENTRIES:
+            self._rank_ms.clear()
+        rows = [row.tobytes() for row in columns.T.copy()]
+        ms = [self._rank_ms.get(row) for row in rows]
+        new = [r for r, got in enumerate(ms) if got is None]
+        if new:
+            priced = rank_attention_ms(self.instance, Batch(*columns[:, new]),
+                                       cast(Calibration, self._ops))
+            for r, got in zip(new, priced.tolist(), strict=False):  # one row: priced per rank
+                ms[r] = self._rank_ms[rows[r]] = got
+        return np.array(ms)
 
     def _exact(self, rows: np.ndarray, front: bytes, top: float,
                expert_tokens: np.ndarray | None) -> StepTime:

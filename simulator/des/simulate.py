@@ -75,6 +75,10 @@ class SimOptions:
     attention work on its first step and every this-many-th after it, scaled to all its steps
     (pricing each rank's attention on every step costs as much as the steps themselves); 1
     prices every step."""
+    macro_steps: bool = True
+    """Take a run of decode steps that repeat the same batch at the same price (until a
+    request joins or finishes) as one event: the same results as stepping one by one (every
+    metric, tested), in a fraction of the time; False steps one by one."""
 
     @classmethod
     def serving(cls, overhead: ServingOverhead) -> SimOptions:
@@ -137,11 +141,15 @@ class _Run:
         self.engines: dict[str, list[Engine]] = {}
         self.infos: dict[str, InstanceInfo] = {}
         self.pricers: dict[tuple[str, float], StepPricer] = {}
+        p = deployment.precision
+        kv_cost = self.model.kv_token_cost(p.kv_cache, p.indexer_cache)
         self.shared = Shared(self.env, self.table, self.recorder, self,
                              workload.prefix_hit_rate,
-                             self.model.kv_token_cost(deployment.precision.kv_cache,
-                                                      deployment.precision.indexer_cache),
-                             max(int(opts.dp_wait_every), 1))
+                             kv_cost if kv_cost is float else remembered(kv_cost),
+                             max(int(opts.dp_wait_every), 1), opts.macro_steps)
+        self._kv_bytes = remembered(lambda context: self.model.kv_bytes(
+            context, p.kv_cache, p.indexer_cache))
+        """KV bytes a request of a given context sends from prefill to decode."""
         for role in self._running_roles():
             self.engines[role] = [self._engine(role, i) for i in
                                   range(deployment.roles[role].instances)]
@@ -155,7 +163,6 @@ class _Run:
             self.traffic.spread_s = self._request_seconds(a.concurrency)
         self._source: dict[int, tuple[PrefillEngine, int]] = {}
         """Request id -> the prefill instance and rank holding its KV until the transfer."""
-        self._kv_sizes: dict[float, float] = {}
         self._done = 0
         self._reported = -1
 
@@ -351,18 +358,6 @@ class _Run:
 
         self.network.send(prefill.name, engine.name, nbytes).callbacks.append(arrived)
 
-    def _kv_bytes(self, context: float) -> float:
-        """KV bytes a request of `context` tokens sends from prefill to decode (remembered:
-        prompt lengths recur)."""
-        nbytes = self._kv_sizes.get(context)
-        if nbytes is None:
-            if len(self._kv_sizes) > 100_000:
-                self._kv_sizes.clear()
-            p = self.deployment.precision
-            nbytes = self._kv_sizes[context] = self.model.kv_bytes(context, p.kv_cache,
-                                                                   p.indexer_cache)
-        return nbytes
-
     def finished(self, rid: int) -> None:
         self._done += 1
         self.traffic.done(rid)
@@ -425,6 +420,22 @@ class _Run:
             host_loaded_tokens=int(t.host_loaded[:n][done].sum()),
             warmup_requests=int(t.warmup[:n].sum()),
         )
+
+
+def remembered(fn: Callable[[float], float],
+               limit: int = 100_000) -> Callable[[float], float]:
+    """`fn` remembering its results by argument (up to `limit`, then afresh): a request's KV
+    size is asked for when it is admitted and again when it leaves, and prompt lengths recur."""
+    memo: dict[float, float] = {}
+
+    def get(x: float) -> float:
+        got = memo.get(x)
+        if got is None:
+            if len(memo) >= limit:
+                memo.clear()
+            got = memo[x] = fn(x)
+        return got
+    return get
 
 
 def _session_speeds(t: RequestTable, done: np.ndarray) -> np.ndarray:

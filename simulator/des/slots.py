@@ -5,10 +5,16 @@ slot is free and the KV space of its whole context (prompt + all output) can be 
 holds both until it finishes, so no request is preempted. A reserved slot turns active once its
 KV is in place (after the KV transfer in P/D, after the prompt in an aggregated instance). One
 step advances every active slot of every rank at once.
+
+A slot keeps the steps it has decoded, not its running totals: its generated tokens and context
+are what it had when it turned active plus steps x `accepted`, so the same steps give the same
+floats whether they are taken one at a time or as a run of identical steps (`advance(...,
+steps=k)`; the engines' macro-steps).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -25,17 +31,26 @@ DONE_EPS = 1e-6
 class DecodeSlots:
     """Slot arrays of shape (ranks, max_num_seqs)."""
 
-    def __init__(self, ranks: int, max_seqs: int, kv: KvPool) -> None:
+    def __init__(self, ranks: int, max_seqs: int, kv: KvPool, accepted: float = 1.0) -> None:
         shape = (ranks, max_seqs)
         self.kv = kv
+        self.accepted = accepted
+        """Tokens an active slot gains per step (fractional: the expected MTP acceptance)."""
         self.rid = np.full(shape, -1, dtype=np.int64)
         """Request id per slot; -1: free."""
         self.active = np.zeros(shape, dtype=bool)
         """Slot decodes this step."""
         self.fresh = np.zeros(shape, dtype=bool)
         """Active slot whose first decode step has not ended yet."""
-        self.context = np.zeros(shape)
-        self.generated = np.zeros(shape)
+        self.context0 = np.zeros(shape)
+        """Context when the slot turned active (when reserved, until then)."""
+        self.generated0 = np.zeros(shape)
+        """Output tokens it had when it turned active (1 after an aggregated prefill)."""
+        self.steps = np.zeros(shape)
+        """Decode steps it has taken since (whole numbers)."""
+        self.finish_at = np.zeros(shape)
+        """Steps after which it has all its output: the least whole k with generated0 +
+        k x accepted >= target - DONE_EPS (set when it turns active)."""
         self.target = np.zeros(shape)
         self.reserved = np.zeros(shape)
         self.held = np.zeros(ranks, dtype=np.int64)
@@ -51,6 +66,18 @@ class DecodeSlots:
     @property
     def ranks(self) -> int:
         return len(self.queues)
+
+    @property
+    def generated(self) -> np.ndarray:
+        """Output tokens per slot."""
+        out: np.ndarray = self.generated0 + self.steps * self.accepted
+        return out
+
+    @property
+    def context(self) -> np.ndarray:
+        """Tokens in KV per slot."""
+        out: np.ndarray = self.context0 + self.steps * self.accepted
+        return out
 
     def requests(self) -> np.ndarray:
         """Requests per rank: reserved slots plus queued."""
@@ -75,8 +102,9 @@ class DecodeSlots:
         slot = free.pop()
         self.kv.take(rank, need)
         self.rid[rank, slot] = rid
-        self.context[rank, slot] = context
-        self.generated[rank, slot] = 0.0
+        self.context0[rank, slot] = context
+        self.generated0[rank, slot] = 0.0
+        self.steps[rank, slot] = 0.0
         self.target[rank, slot] = output
         self.reserved[rank, slot] = need
         self.held[rank] += 1
@@ -106,33 +134,62 @@ class DecodeSlots:
         """The slot's KV is in place: it decodes from the next step on."""
         self.active[rank, slot] = True
         self.fresh[rank, slot] = generated == 0.0
-        self.generated[rank, slot] = generated
-        self.context[rank, slot] += generated
+        self.generated0[rank, slot] = generated
+        self.context0[rank, slot] += generated
+        a, need = self.accepted, self.target[rank, slot] - DONE_EPS
+        k = max(math.ceil((need - generated) / a), 0)  # then exact, in the arrays' arithmetic
+        while k > 0 and generated + (k - 1) * a >= need:
+            k -= 1
+        while generated + k * a < need:
+            k += 1
+        self.finish_at[rank, slot] = k
 
     def batch(self) -> tuple[np.ndarray, np.ndarray]:
         """Decode requests per rank and their mean context."""
-        n = self.active.sum(axis=1, dtype=float)
-        ctx = self.context.sum(axis=1, where=self.active)
-        return n, ctx / np.maximum(n, 1.0)  # a rank without requests: 0 / 1
+        n, ctx = self.run_batch(self.active, 1)
+        return n, ctx[0]
 
-    def advance(self, tokens: float, stepped: np.ndarray,
-                fresh: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        """End a step in which the slots of mask `stepped` (the active ones when the step was
-        planned; slots activated since wait for the next step) each gained `tokens` tokens, and
-        those of mask `fresh` got their first (None: none did).
+    def run_batch(self, stepped: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Decode requests per rank of the slots of mask `stepped`, and their mean context in
+        each of the next `steps` steps (shape (steps, ranks)): step i's is what `batch` gives
+        after i steps of those slots."""
+        n = stepped.sum(axis=1, dtype=float)
+        base = self.context0.sum(axis=1, where=stepped)
+        taken = self.steps.sum(axis=1, where=stepped)  # whole numbers: exact in any order
+        later = taken + n * np.arange(steps, dtype=float)[:, None]
+        ctx: np.ndarray = (base + self.accepted * later) / np.maximum(n, 1.0)  # none: 0 / 1
+        return n, ctx
 
-        Returns the ids of requests whose first token came out of this step, the ids of the
+    def steps_to_finish(self, stepped: np.ndarray) -> int:
+        """Steps of the slots of mask `stepped` until the first of them finishes (>= 1)."""
+        left = np.min(self.finish_at - self.steps, where=stepped, initial=np.inf)
+        return max(int(left) if left < np.inf else 1, 1)
+
+    def remaining(self, stepped: np.ndarray | None = None, steps: int = 0) -> float:
+        """Output tokens the instance's requests have still to generate, after `steps` more
+        steps of the slots of mask `stepped`."""
+        taken = self.steps if stepped is None or not steps else self.steps + steps * stepped
+        left = self.target - (self.generated0 + taken * self.accepted)
+        return float(np.where(self.rid >= 0, left, 0.0).sum())
+
+    def advance(self, stepped: np.ndarray, fresh: np.ndarray | None,
+                steps: int = 1) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """End `steps` steps in which the slots of mask `stepped` (the active ones when the
+        steps were planned; slots activated since wait for the next step) each gained
+        `accepted` tokens a step, and those of mask `fresh` got their first in the first step
+        (None: none did). No slot may finish before the last of the steps.
+
+        Returns the ids of requests whose first token came out of these steps, the ids of the
         requests that finished (their slots and KV are freed), and the ranks that freed slots.
         """
         a = stepped
-        np.add(self.generated, tokens, out=self.generated, where=a)
-        np.add(self.context, tokens, out=self.context, where=a)
+        np.add(self.steps, steps, out=self.steps, where=a)
         if fresh is None:
             first = _NONE
         else:
             first = self.rid[fresh]
             self.fresh[fresh] = False
-        done = a & (self.generated >= self.target - DONE_EPS)
+        done = a & (self.steps >= self.finish_at)
         finished = self.rid[done]
         ranks: list[int] = []
         if finished.size:

@@ -69,9 +69,11 @@ def test_wide_ep_comm_prints_deepep_beside_rackplan():
     assert "mean absolute error" in out
 
 
-def test_agentx_speed_prints_trees_requests_and_wall_time():
+def test_agentx_speed_prints_trees_requests_and_cpu_time():
     out = run("benchmarks/agentx_speed.py", "--trees", "2", "--lanes", "2")
-    assert "2 trees," in out and "requests/s" in out and "target 1,000 trees in 10 s" in out
+    assert "2 trees," in out and "s CPU" in out and "target 1,000 trees in 10 s" in out
+    single = run("benchmarks/agentx_speed.py", "--trees", "2", "--lanes", "2", "--single-steps")
+    assert single.split("engine steps")[0] == out.split("engine steps")[0]  # the same steps
 
 
 def test_capacity_question_prints_each_answer_and_its_cost():

@@ -314,11 +314,11 @@ def test_a_slot_activated_during_a_step_joins_the_next_one() -> None:
     slots.activate(0, a)
     stepped, fresh = slots.active.copy(), slots.fresh.copy()  # the step is planned
     slots.activate(0, b)  # b's KV arrives mid-step
-    first, finished, _ = slots.advance(1.0, stepped, fresh)
+    first, finished, _ = slots.advance(stepped, fresh)
     assert first.tolist() == [7] and not finished.size
     assert slots.generated[0, a] == 1 and slots.generated[0, b] == 0
     for _ in range(2):
-        _, finished, ranks = slots.advance(1.0, slots.active.copy(), slots.fresh.copy())
+        _, finished, ranks = slots.advance(slots.active.copy(), slots.fresh.copy())
     assert finished.tolist() == [7] and ranks == [0] and kv.used[0] == 103
 
 

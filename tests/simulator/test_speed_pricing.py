@@ -1,22 +1,31 @@
 """The shortcuts that make pricing cheap give the prices of the slow way, bit for bit: a step
 composed once and finished per expert load (simulator.cost.step.open_step / close_step, as the
 step memo uses them) is the step priced directly, and a single-point grid query that skips the
-corners of the axes it sits on is the sum over all of them."""
+corners of the axes it sits on is the sum over all of them, and a DP wait priced from the
+ranks' remembered rows is the wait of the whole step."""
 
 from __future__ import annotations
 
 import bisect
 import itertools
 import math
+from typing import cast
 
 import numpy as np
 import pytest
 
-from simulator.calibration import load_calibration
+from simulator.calibration import Calibration, load_calibration
 from simulator.calibration import roofline as rf
 from simulator.calibration.grid import EXTRAPOLATED, INTERPOLATED, MEASURED, Grid
-from simulator.cost import Batch, step_time
-from simulator.cost.step import close_step, instance_from_role, most_loaded, open_step
+from simulator.cost import Batch, Instance, step_time
+from simulator.cost.price_cache import CachedCalibration
+from simulator.cost.step import (
+    close_step,
+    instance_from_role,
+    most_loaded,
+    open_step,
+    rank_attention_ms,
+)
 from simulator.des.pricing import StepPricer, pareto_front, round_bits
 from simulator.specs.deployment import RoleSpec, Speculative
 from simulator.specs.hardware import load_hardware
@@ -42,15 +51,23 @@ def _batch(role: str, dp: int, ranks: int, rng: np.random.Generator) -> Batch:
     return Batch(dec, ctx, pre, req, past, expert_tokens=experts)
 
 
-@pytest.mark.parametrize("model,hardware", [("deepseek-v4-flash", "gb300"),
-                                            ("deepseek-v3", "h200")])
+def _instances(model: str, hardware: str) -> tuple[Calibration, list[tuple[str, Instance]]]:
+    """The calibration of `hardware`, and an instance of `model` for each of ROLES."""
+    hw, m = load_hardware(hardware), load_model(model)
+    return load_calibration(hw), [(role, instance_from_role(m, hw, role, spec, "fp8", "fp8"))
+                                  for role, spec in ROLES]
+
+
+MODELS = pytest.mark.parametrize("model,hardware", [("deepseek-v4-flash", "gb300"),
+                                                    ("deepseek-v3", "h200")])
+
+
+@MODELS
 def test_an_opened_step_closed_at_its_expert_load_is_the_direct_price(model: str,
                                                                       hardware: str) -> None:
-    hw, m = load_hardware(hardware), load_model(model)
-    cal = load_calibration(hw)
+    cal, instances = _instances(model, hardware)
     rng = np.random.default_rng(1)
-    for role, spec in ROLES:
-        inst = instance_from_role(m, hw, role, spec, "fp8", "fp8")
+    for role, inst in instances:
         for _ in range(12):
             batch = _batch(role, inst.dp, inst.ranks, rng)
             direct = step_time(inst, batch, cal)
@@ -85,6 +102,30 @@ def test_a_front_is_composed_once_for_every_expert_load() -> None:
                            cal)
         assert got.total_ms == direct.total_ms and got.provenance == direct.provenance
     assert pricer.misses == 1 and pricer.expert_loads > 1
+
+
+def _rows(batch: Batch) -> list[np.ndarray]:
+    return [batch.decode_requests, batch.decode_context, batch.prefill_tokens,
+            batch.prefill_requests, batch.prefill_context]
+
+
+@MODELS
+def test_a_dp_wait_from_remembered_rank_rows_is_the_whole_steps(model: str,
+                                                                hardware: str) -> None:
+    cal, instances = _instances(model, hardware)
+    ops = cast(Calibration, CachedCalibration(cal))  # the operation prices a pricer uses
+    rng = np.random.default_rng(3)
+    for role, inst in instances:
+        pricer = StepPricer(inst, cal)
+        rows = _rows(_batch(role, inst.dp, inst.ranks, rng))
+        for _ in range(6):  # each step moves a rank or two: the others' rows are remembered
+            for r in rng.choice(inst.dp, size=min(2, inst.dp), replace=False):
+                for col, fresh in zip(rows, _rows(_batch(role, inst.dp, inst.ranks, rng)),
+                                      strict=True):
+                    col[r] = fresh[r]
+            columns = round_bits(np.array(rows), pricer.bits)
+            ms = rank_attention_ms(inst, Batch(*columns), ops)
+            assert pricer.attention_wait(*rows) == float((ms.max() - ms).sum())
 
 
 def _query_all_corners(g: Grid, point: np.ndarray, roofline: float) -> tuple[float, int]:

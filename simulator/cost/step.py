@@ -508,10 +508,15 @@ def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -
         led.add("moe", "routed_experts", experts, ms)
 
     spec = inst.spec_tokens
-    if opened.draft is not None:  # MTP draft: `spec` single-layer passes at the decode batch
+    if opened.draft is not None:  # draft layers: `spec` single-layer passes at the decode
+        # batch (MTP), or one pass of `spec` rows a request (DSpark): the same work
         ratio, head_ms = opened.draft
         draft_frac = spec * m.mtp_layers / m.layers
-        layer_work = (led.ms["attention"] + led.ms["moe"] + led.ms["communication"]) * ratio
+        # a draft layer with fewer routed experts (DSpark: 128 of 384) reads and exchanges
+        # that share of a decoder layer's expert work; its attention is a decoder layer's
+        share = m.mtp_experts / m.n_routed_experts if m.mtp_experts and m.is_moe else 1.0
+        layer_work = (led.ms["attention"] + share * (led.ms["moe"]
+                                                     + led.ms["communication"])) * ratio
         led.add("other", "mtp_draft", None, draft_frac * layer_work + spec * head_ms)
         led.provenance["mtp_draft"] = led.provenance.get("routed_experts",
                                                          led.provenance["lm_head"])

@@ -180,3 +180,21 @@ def test_every_v41_part_is_priced_from_the_v4_kernels_it_transfers():
     assert "engram" in st.parts and "mhc" in st.parts
     assert sum(st.parts.values()) == pytest.approx(st.total_ms)
     assert np.isfinite(st.total_ms) and st.total_ms > 0
+
+
+def test_a_dspark_draft_layer_reads_its_own_share_of_the_experts():
+    cal = load_calibration(GB300, "vllm")
+    full = V41.model_copy(update={"mtp_experts": 0})  # draft layers as large as decoder layers
+
+    def draft(model):
+        inst = _inst(model, ranks=16, spec_tokens=5, spec_acceptance=0.78)
+        st = step_time(inst, Batch.decode(16, 32, 131_072), cal)
+        return st.parts["mtp_draft"], st.parts["lm_head"], st.breakdown
+
+    small, head, b = draft(V41)
+    big, _, _ = draft(full)
+    assert small < big
+    # the same attention, a third of the expert work (128 of 384 experts)
+    ratio = (b["attention"] + (b["moe"] + b["communication"]) / 3) / (
+        b["attention"] + b["moe"] + b["communication"])
+    assert small - 5 * head == pytest.approx((big - 5 * head) * ratio, rel=1e-9)

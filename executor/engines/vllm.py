@@ -19,6 +19,7 @@ from typing import ClassVar
 from executor.engines.base import Engine
 from executor.families import deployment_problems, family_for
 from executor.records import Flag
+from simulator.cost.memory import prefetch_plan
 from simulator.specs.deployment import Deployment, RoleSpec, check_against_model
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import load_hardware
@@ -112,7 +113,11 @@ class VllmEngine(Engine):
                 flags.append(("--moe-backend", str(family.mega_moe)))
             else:
                 flags.append(("--all2all-backend", role.backend(role_name)))
-        if role.cpu_offload_gb:  # vllm/config/offload.py: UVA offload, GiB per GPU
+        plan = prefetch_plan(load_model(deployment.model), role, deployment.precision.weights)
+        if plan is not None:  # vllm/config/offload.py: one layer of each group, one ahead
+            flags += [("--offload-backend", "prefetch"), ("--offload-group-size", plan.group),
+                      ("--offload-num-in-group", 1), ("--offload-prefetch-step", 1)]
+        elif role.cpu_offload_gb:  # vllm/config/offload.py: UVA offload, GiB per GPU
             flags.append(("--cpu-offload-gb", f"{role.cpu_offload_gb:g}"))
         if role.dbo:  # vllm/config/parallel.py: enable_dbo and its two thresholds
             flags += [("--enable-dbo", None),

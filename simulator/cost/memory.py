@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from simulator.specs.deployment import RoleSpec
@@ -56,6 +57,58 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
     layers are loaded only when the role decodes speculatively with them, their routed
     experts spread over the EP ranks like the others.
     """
+    held, _, redundant, kv_split = _held(model, role, weights)
+    # Each kind says how a TP group splits its cache (GQA by KV heads; latent caches not).
+    model.kv_bytes_per_token(kv_cache, indexer)  # checks the dtypes
+    kv = sum(k.kv_token_bytes(model, kv_cache, indexer) * n / k.kv_split(model, kv_split)
+             for k, n in model.kinds())
+    if kv <= 0:  # every layer windowed: a pool token is one token of a window
+        kv = model.kv_bytes(1, kv_cache, indexer)
+    offload = min(role.cpu_offload_gb * GIB, held)
+    plan = prefetch_plan(model, role, weights)
+    if plan is not None:  # whole layers go, and one layer's room takes the copy in flight
+        offload = plan.layers * plan.layer_bytes - plan.layer_bytes
+    return RankMemory(
+        budget=hardware.hbm_bytes * role.gpu_memory_utilization,
+        weights=held - offload,
+        offloaded=offload,
+        redundant_experts=redundant,
+        activations=float(ACTIVATION_BYTES_PER_TOKEN_HIDDEN * role.max_num_batched_tokens
+                          * model.hidden),
+        reserve=RESERVE_GB * 1e9 * (hardware.hbm_gb / 80.0 if hardware.name == "cpu" else 1.0),
+        kv_bytes_per_token=kv,
+    )
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """Weight offloading by layers (vLLM --offload-backend prefetch): one decoder layer of
+    every `group` lives in host memory and is copied in one layer ahead of its use."""
+
+    group: int
+    """--offload-group-size (with --offload-num-in-group 1)."""
+    layers: int
+    """Decoder layers offloaded."""
+    layer_bytes: float
+    """Weights of one decoder layer on a rank."""
+
+
+def prefetch_plan(model: ModelSpec, role: RoleSpec, weights: str) -> Prefetch | None:
+    """The layers a prefetch-offloading role moves to host memory: as few as hold its
+    cpu_offload_gb, spread one per group over the decoder layers; None for UVA offloading."""
+    if role.offload_backend != "prefetch" or not role.cpu_offload_gb:
+        return None
+    _, layers_held, _, _ = _held(model, role, weights)
+    per = layers_held / model.layers
+    want = min(max(math.ceil(role.cpu_offload_gb * GIB / per), 1), model.layers)
+    group = max(model.layers // want, 1)
+    return Prefetch(group, model.layers // group, per)
+
+
+def _held(model: ModelSpec, role: RoleSpec, weights: str) -> tuple[float, float, float, int]:
+    """(weights a rank holds in HBM before any offloading, the part that is its decoder
+    layers', the part that is redundant expert replicas, the ranks a TP group splits its KV
+    cache over)."""
     wb = {k: v for k, v in model.weight_bytes(weights).items() if k not in HOST_COMPONENTS}
     mtp = wb["mtp"] if role.speculative is not None else 0.0
     mtp_experts = 0.0
@@ -71,33 +124,19 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
         per_expert = experts_total / model.n_routed_experts
         slots = (model.n_routed_experts + role.redundant_experts) / role.ranks
         redundant = role.redundant_experts / role.ranks * per_expert
-        if role.dep is not None:  # attention data-parallel: non-expert weights replicated over
-            # the DP ranks, split inside each one's TP group
-            held = replicated / role.attention_tp + slots * per_expert
-            kv_split = role.attention_tp
-        else:  # TP attention with expert-parallel MoE
-            held = replicated / role.ranks + slots * per_expert
-            kv_split = role.ranks
+        # attention data-parallel: non-expert weights replicated over the DP ranks, split
+        # inside each one's TP group; TP attention with expert-parallel MoE: split over all
+        split = role.attention_tp if role.dep is not None else role.ranks
+        held = replicated / split + slots * per_expert
+        kv_split = split
     else:
+        split = role.ranks
         held = (replicated + experts_total) / role.ranks
         kv_split = role.tp or 1
-    # Each kind says how a TP group splits its cache (GQA by KV heads; latent caches not).
-    model.kv_bytes_per_token(kv_cache, indexer)  # checks the dtypes
-    kv = sum(k.kv_token_bytes(model, kv_cache, indexer) * n / k.kv_split(model, kv_split)
-             for k, n in model.kinds())
-    if kv <= 0:  # every layer windowed: a pool token is one token of a window
-        kv = model.kv_bytes(1, kv_cache, indexer)
-    offload = min(role.cpu_offload_gb * GIB, held)
-    return RankMemory(
-        budget=hardware.hbm_bytes * role.gpu_memory_utilization,
-        weights=held - offload,
-        offloaded=offload,
-        redundant_experts=redundant,
-        activations=float(ACTIVATION_BYTES_PER_TOKEN_HIDDEN * role.max_num_batched_tokens
-                          * model.hidden),
-        reserve=RESERVE_GB * 1e9 * (hardware.hbm_gb / 80.0 if hardware.name == "cpu" else 1.0),
-        kv_bytes_per_token=kv,
-    )
+    # not in a decoder layer: the embedding, the lm_head and the draft layers
+    outside = (wb["embedding"] + wb["lm_head"] + mtp - mtp_experts) / split + (
+        mtp_experts / role.ranks)
+    return held, max(held - outside, 0.0), redundant, kv_split
 
 
 def host_weights_per_gpu(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec,

@@ -13,6 +13,7 @@ import numpy as np
 
 from simulator.calibration import Calibration, Priced
 from simulator.calibration.grid import SOURCES
+from simulator.cost.memory import prefetch_plan
 from simulator.specs.deployment import RoleSpec, uses_mega_moe
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
@@ -56,7 +57,11 @@ class Instance:
     overhead_ms: float | None = None
     """Fixed per-step overhead; None: the default for the hardware kind."""
     offload_bytes: float = 0.0
-    """Weights per GPU in host memory, read over the host link in every forward pass."""
+    """Weights per GPU in host memory, read in place over the host link in every forward
+    pass (UVA offloading)."""
+    prefetch: tuple[int, float] | None = None
+    """Prefetch offloading: (decoder layers in host memory, bytes of each), each copied over
+    the host link under the previous layer's compute; None without it."""
     dbo: bool = False
     """Dual-batch overlap (vLLM --enable-dbo): steps over the thresholds run as two
     micro-batches, one's all-to-all under the other's compute."""
@@ -103,6 +108,7 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
                        indexer_cache: str = "fp8") -> Instance:
     """The cost-model view of one instance of a deployment role."""
     spec = role.speculative
+    plan = prefetch_plan(model, role, weights)
     return Instance(
         model=model, hardware=hardware, role=role_name, ranks=role.ranks,
         expert_parallel=role.dep is not None,
@@ -114,7 +120,8 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
         a2a_gb_s=a2a_gb_s,
         all2all=role.backend(role_name),
         overhead_ms=overhead_ms,
-        offload_bytes=role.cpu_offload_gb * 1024 ** 3,
+        offload_bytes=0.0 if plan is not None else role.cpu_offload_gb * 1024 ** 3,
+        prefetch=None if plan is None else (plan.layers, plan.layer_bytes),
         dbo=role.dbo and role.dep is not None,
         dbo_thresholds=(role.dbo_decode_token_threshold, role.dbo_prefill_token_threshold),
         mega_moe=uses_mega_moe(model.architecture, hardware.name, role, weights))
@@ -520,6 +527,14 @@ def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -
         led.add("other", "mtp_draft", None, draft_frac * layer_work + spec * head_ms)
         led.provenance["mtp_draft"] = led.provenance.get("routed_experts",
                                                          led.provenance["lm_head"])
+    if inst.prefetch is not None:  # each offloaded layer's copy under the layer before it
+        layers, nbytes = inst.prefetch
+        copy = nbytes / (inst.hardware.host_link_gb_s * 1e9) * 1e3
+        under = sum(led.ms.values()) / m.layers
+        led.add("other", "weight_prefetch", None, layers * max(copy - under, 0.0))
+        led.provenance["weight_prefetch"] = (
+            f"roofline ({layers} layers of {nbytes / 1e9:.2g} GB, each {copy:.3g} ms over the "
+            f"{inst.hardware.host_link_gb_s:g} GB/s host link under a layer's {under:.3g} ms)")
     if inst.offload_bytes > 0:  # zero-copy reads of the offloaded weights, every forward pass
         ms = inst.offload_bytes / (inst.hardware.host_link_gb_s * 1e9) * 1e3
         led.add("other", "weight_offload", None, ms)

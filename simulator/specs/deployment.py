@@ -121,6 +121,11 @@ class RoleSpec(Spec):
     cpu_offload_gb: float = Field(0.0, ge=0, le=MAX_HOST_GB)
     """GiB of weights per GPU kept in host memory and read over the host link in every forward
     pass (vLLM --cpu-offload-gb, zero-copy; fast on GB200/GB300's NVLink-C2C) (default 0)."""
+    offload_backend: Literal["uva", "prefetch"] = "uva"
+    """How the cpu_offload_gb of weights reach the GPU: uva reads them in place over the host
+    link in every forward pass (vLLM --cpu-offload-gb); prefetch offloads whole decoder layers
+    (one of every few) and copies each into GPU memory one layer ahead, under the previous
+    layer's compute (vLLM --offload-backend prefetch) (default uva)."""
     host_cache_gb: float = Field(0.0, ge=0, le=MAX_HOST_GB)
     """GiB of host memory per GPU for the prefix cache's second tier: every computed KV block is
     also stored there, and a prompt whose blocks left HBM loads them over the host link instead
@@ -143,6 +148,9 @@ class RoleSpec(Spec):
         if self.attention_dp_balance and self.dep is None:
             raise SpecError("attention_dp_balance=true balances prompts over DP ranks and needs "
                             "dep; give dep or set attention_dp_balance to false")
+        if self.offload_backend == "prefetch" and not self.cpu_offload_gb:
+            raise SpecError("offload_backend='prefetch' moves cpu_offload_gb of weights to host "
+                            "memory; give cpu_offload_gb > 0 or leave offload_backend uva")
         if self.dbo and self.dep is None:
             raise SpecError("dbo=true overlaps the DP ranks' all-to-all and needs dep; give dep "
                             "or set dbo to false")

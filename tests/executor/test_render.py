@@ -252,3 +252,15 @@ def test_cpu_offload_flag():
     procs = render(d).processes
     assert "--cpu-offload-gb" not in procs[0].argv
     assert flag(procs[-1].argv, "--cpu-offload-gb") == "12.5"
+
+
+def test_prefetch_offload_flags_name_the_layer_groups():
+    d = Deployment(model="deepseek-r1", hardware="gb200", precision={"weights": "fp4"},
+                   prefill=RoleSpec(dep=2, cpu_offload_gb=32, offload_backend="prefetch"),
+                   decode=RoleSpec(dep=8))
+    pre, dec = render(d).processes[0], render(d).processes[-1]
+    assert flag(pre.argv, "--offload-backend") == "prefetch"
+    assert flag(pre.argv, "--offload-group-size") == "5"  # 12 of 61 layers, one per 5
+    assert flag(pre.argv, "--offload-num-in-group") == "1"
+    assert flag(pre.argv, "--offload-prefetch-step") == "1"
+    assert "--cpu-offload-gb" not in pre.argv and "--offload-backend" not in dec.argv

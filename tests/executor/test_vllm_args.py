@@ -162,7 +162,11 @@ def test_vllm_s_own_parser_accepts_attention_dp_over_tp_groups_and_offload():
     from simulator.specs.deployment import Deployment, RoleSpec
     d = Deployment(model="deepseek-v3", hardware="h200",
                    aggregated=RoleSpec(dep=4, tp=4, cpu_offload_gb=8, host_cache_gb=64))
-    processes = [(f"{p.instance} host {p.host}", list(p.argv)) for p in render(d).processes]
+    prefetch = Deployment(model="deepseek-r1", hardware="gb200", precision={"weights": "fp4"},
+                          prefill=RoleSpec(dep=2, cpu_offload_gb=32, offload_backend="prefetch"),
+                          decode=RoleSpec(dep=8))
+    processes = [(f"{p.instance} host {p.host}", list(p.argv))
+                 for p in (*render(d).processes, *render(prefetch).processes)]
     result = check_with_vllm(processes)
     assert result.skipped is None, result.skipped
     assert not result.errors

@@ -46,3 +46,36 @@ def test_weights_offloaded_to_the_host_fit_a_layout_and_cost_their_reads():
     extra = (step_time(off, Batch.decode(4, 8, 1024), cal).total_ms
              - step_time(base, Batch.decode(4, 8, 1024), cal).total_ms)
     assert extra == pytest.approx(200 * 1024 ** 3 / 450e9 * 1e3)  # over NVLink-C2C
+
+
+def test_prefetch_offloading_moves_whole_layers_and_hides_their_copies_under_compute():
+    """DeepSeek-R1 with fp4 experts on two GB200s (the layout of vLLM's GB200 wide-EP report's
+    prefill instances): it fits only with weights in host memory. Prefetching moves whole
+    decoder layers, one of every `group`, and copies each one layer ahead: a long prefill step
+    hides the copies, a decode step does not."""
+    from simulator.calibration import load_calibration
+    from simulator.cost.memory import check_memory, prefetch_plan
+    from simulator.cost.step import Batch, instance_from_role, step_time
+    from simulator.specs.errors import SpecError
+    gb200 = load_hardware("gb200")
+    with pytest.raises(SpecError, match="does not fit DEP2 on gb200"):
+        check_memory("prefill", R1, gb200, RoleSpec(dep=2), "fp4", "fp8")
+    role = RoleSpec(dep=2, cpu_offload_gb=32, offload_backend="prefetch")
+    plan = prefetch_plan(R1, role, "fp4")
+    assert plan is not None and plan.layers == R1.layers // plan.group
+    assert plan.layers * plan.layer_bytes >= 32 * 1024 ** 3  # whole layers, at least as asked
+    mem = check_memory("prefill", R1, gb200, role, "fp4", "fp8")
+    assert mem.offloaded == pytest.approx((plan.layers - 1) * plan.layer_bytes)  # one in flight
+    cal = load_calibration(gb200, "vllm")
+    copy_ms = plan.layer_bytes / 450e9 * 1e3  # over NVLink-C2C
+    for name, batch, hidden in (("prefill", Batch.prefill(2, 16384, 8, 0), True),
+                                ("decode", Batch.decode(2, 64, 2048), False)):
+        st = step_time(instance_from_role(R1, gb200, name, role, "fp4", "fp8"), batch, cal)
+        # the layer before an offloaded one computes while it copies (the step's GPU work
+        # over its layers; the fixed per-step overhead is the host's)
+        under = (st.total_ms - st.parts["weight_prefetch"] - st.parts["overhead"]) / R1.layers
+        assert (st.parts["weight_prefetch"] == 0) == hidden
+        assert st.parts["weight_prefetch"] == pytest.approx(
+            plan.layers * max(copy_ms - under, 0), rel=1e-9)
+    with pytest.raises(ValueError, match="offload_backend='prefetch' moves cpu_offload_gb"):
+        RoleSpec(dep=2, offload_backend="prefetch")

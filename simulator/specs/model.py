@@ -568,16 +568,23 @@ def _from_deepseek_v4(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
     """DeepSeek-V4 (Flash, Pro): compressed attention per layer from compress_ratios,
     hash-routed first MoE layers, hyper-connections, fp4 experts, MTP."""
     layers = cfg["num_hidden_layers"]
-    mtp = _get(cfg, "num_nextn_predict_layers", default=0)
     ratios = _ratios(name, arch, cfg, DSV4_RATIOS, "0 sliding window only, 4 CSA, 128 HCA")
     experts = _expert_dtype(name, cfg.get("expert_dtype"))
     hashed = _get(cfg, "num_hash_layers", default=0)
     _require(hashed <= layers, name, f"num_hash_layers={hashed}; it must be at most "
              f"num_hidden_layers={layers}")
     _check_top_k(name, cfg["num_experts_per_tok"], cfg["n_routed_experts"])
-    return ModelSpec(
-        name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers, dense_layers=0,
-        vocab=cfg["vocab_size"], attention="dsv4",
+    return ModelSpec(**_v4_family(name, arch, cfg, ratios), attention="dsv4",
+                     hash_layers=hashed, expert_dtype=experts)
+
+
+def _v4_family(name: str, arch: str, cfg: dict[str, Any], ratios: list[int]) -> dict[str, Any]:
+    """The ModelSpec fields DeepSeek-V4 and V4.1 configs give alike: the shared-KV-head
+    attention with low-rank query and grouped low-rank output, its window and indexer,
+    hyper-connections, the MoE and the draft layers."""
+    return dict(
+        name=name, architecture=arch, hidden=cfg["hidden_size"],
+        layers=cfg["num_hidden_layers"], dense_layers=0, vocab=cfg["vocab_size"],
         num_attention_heads=cfg["num_attention_heads"],
         num_kv_heads=_get(cfg, "num_key_value_heads", default=1),
         head_dim=cfg["head_dim"], q_lora_rank=cfg["q_lora_rank"],
@@ -591,9 +598,7 @@ def _from_deepseek_v4(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
         n_routed_experts=cfg["n_routed_experts"],
         n_shared_experts=_get(cfg, "n_shared_experts", default=0),
         top_k=cfg["num_experts_per_tok"], moe_intermediate=cfg["moe_intermediate_size"],
-        mtp_layers=mtp, hash_layers=hashed, expert_dtype=experts,
-    )
-
+        mtp_layers=_get(cfg, "num_nextn_predict_layers", default=0))
 
 V41_RATIOS = (0, 1, 2)
 """DeepSeek-V4.1 compress_ratios values: 0 window only, 1 or 2 tokens per compressed record."""
@@ -623,7 +628,6 @@ def _from_deepseek_v41(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
 
 def _v41_spec(name: str, arch: str, cfg: dict[str, Any], quant: dict[str, Any]) -> ModelSpec:
     layers = cfg["num_hidden_layers"]
-    mtp = _get(cfg, "num_nextn_predict_layers", default=0)
     ratios = _ratios(name, arch, cfg, V41_RATIOS,
                      "0 window only, 1 or 2 tokens per compressed record")
     sources = sorted(set(cfg["kv_source_layer_ids"]))
@@ -655,26 +659,11 @@ def _v41_spec(name: str, arch: str, cfg: dict[str, Any], quant: dict[str, Any]) 
              "one table size per Engram layer")
     block = _get(cfg, "dspark_block_size", default=0)
     return ModelSpec(
-        name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers, dense_layers=0,
-        vocab=cfg["vocab_size"], attention="dsv41",
-        num_attention_heads=cfg["num_attention_heads"],
-        num_kv_heads=_get(cfg, "num_key_value_heads", default=1),
-        head_dim=cfg["head_dim"], q_lora_rank=cfg["q_lora_rank"],
-        qk_rope_head_dim=cfg["qk_rope_head_dim"], v_head_dim=cfg["head_dim"],
-        o_lora_rank=cfg["o_lora_rank"], o_groups=cfg["o_groups"],
-        sliding_window=cfg["sliding_window"], compress_ratios=tuple(ratios),
+        **_v4_family(name, arch, cfg, ratios), attention="dsv41",
         kv_source_layers=tuple(sources), index_source_layers=tuple(index),
         candidate_pool=(_get(cfg, "candidate_topk_blocks", default=0)
                         * _get(cfg, "candidate_block_size", default=1)),
-        sparse_topk=cfg["index_topk"], index_head_dim=cfg["index_head_dim"],
-        index_n_heads=cfg["index_n_heads"],
-        hc_mult=_get(cfg, "hc_mult", default=1),
-        hc_sinkhorn_iters=_get(cfg, "hc_sinkhorn_iters", default=0),
-        n_routed_experts=cfg["n_routed_experts"],
-        n_shared_experts=_get(cfg, "n_shared_experts", default=0),
-        top_k=cfg["num_experts_per_tok"], moe_intermediate=cfg["moe_intermediate_size"],
-        mtp_layers=mtp, hash_layers=_get(cfg, "num_hash_layers", default=0),
-        expert_dtype=experts,
+        hash_layers=_get(cfg, "num_hash_layers", default=0), expert_dtype=experts,
         engram_layers=len(engram), engram_rows=sum(rows),
         engram_heads=_get(cfg, "engram_n_heads", default=0) if engram else 0,
         engram_head_dim=_get(cfg, "engram_head_dim", default=0) if engram else 0,
@@ -683,7 +672,6 @@ def _v41_spec(name: str, arch: str, cfg: dict[str, Any], quant: dict[str, Any]) 
         dspark_block=block,
         dspark_targets=len(_get(cfg, "dspark_target_layer_ids", default=[])) if block else 0,
     )
-
 
 GQA_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 

@@ -69,19 +69,21 @@ def cmd_models(args: argparse.Namespace) -> int:
             "name": name, "architecture": m.architecture, "params_b": m.total_params() / 1e9,
             "active_params_b": m.active_params() / 1e9, "layers": m.layers,
             "attention": m.attention, "routed_experts": m.n_routed_experts, "top_k": m.top_k,
-            "mtp_layers": m.mtp_layers, "kv_bytes_per_token_fp8": m.kv_bytes_per_token("fp8"),
+            "mtp_layers": m.mtp_layers, "draft": "dspark" if m.dspark_block else "mtp",
+            "kv_bytes_per_token_fp8": m.kv_bytes_per_token("fp8"),
         })
     if args.json:
         _print_json({"models": rows})
         return 0
     t = Table(title="model presets")
     for col in ("name", "architecture", "params", "active", "layers", "attention", "experts",
-                "top-k", "MTP", "KV B/token (fp8)"):
+                "top-k", "draft layers", "KV B/token (fp8)"):
         t.add_column(col, justify="left" if col in ("name", "architecture") else "right")
     for r in rows:
         t.add_row(r["name"], r["architecture"], f"{r['params_b']:.1f}B",
                   f"{r['active_params_b']:.2f}B", str(r["layers"]), r["attention"],
-                  str(r["routed_experts"]), str(r["top_k"]), str(r["mtp_layers"]),
+                  str(r["routed_experts"]), str(r["top_k"]),
+                  f"{r['mtp_layers']} {r['draft']}" if r["mtp_layers"] else "0",
                   f"{r['kv_bytes_per_token_fp8']:,.0f}")
     _console().print(t)
     return 0

@@ -98,8 +98,8 @@ def _kernel_share(s: Subject, batch: int, context: int, dep: int) -> float:
     projections). V4: the HCA attention kernel for HCA layers, the indexer kernel for CSA
     layers, and, for CSA's attention over window + top-k entries and SWA's over the window,
     the HCA attention kernel at a context with as many entries (a stand-in: no CSA kernel
-    table ships). V4.1: that stand-in for every layer's window + top-k attention, and the
-    step's own indexer parts (the scoring alone)."""
+    table ships). V4.1: the step's own kernel parts, its mega-attention kernels and its
+    indexers' scoring."""
     from simulator.cost.step import Instance
 
     m, hw = load_model(s.model), load_hardware("gb300")
@@ -115,9 +115,8 @@ def _kernel_share(s: Subject, batch: int, context: int, dep: int) -> float:
     kinds = dict(m.layer_kinds)
     topk_ctx = m.sparse_topk * 128  # HCA reads window + ctx/128 entries
     if m.attention == "dsv41":
-        window = kinds.get("csa2_window", 0)
-        ms = (window * attn(1.0) + (m.layers - window) * attn(topk_ctx)
-              + sum(v for k, v in report["parts_ms"].items() if k.endswith(".indexer")))
+        ms = sum(v for k, v in report["parts_ms"].items()
+                 if k.endswith((".decode.attention", ".decode.indexer")))
     else:
         ms = (kinds.get("hca", 0) * attn(context) + kinds.get("swa", 0) * attn(1.0)
               + kinds.get("csa", 0) * (attn(topk_ctx) + float(cal.dsv4_kernel(

@@ -106,6 +106,14 @@ class Priced:
     def scaled(self, factor: float | np.ndarray) -> Priced:
         return Priced(self.ms * factor, self.source, self.table)
 
+    @staticmethod
+    def total(parts: list[Priced]) -> Priced:
+        """Several operations run one after another: their summed time, the least trustworthy
+        provenance among them, and their tables."""
+        tables = list(dict.fromkeys(p.table for p in parts))
+        return Priced(sum((p.ms for p in parts), np.zeros(1)),
+                      SOURCES[max(SOURCES.index(p.source) for p in parts)], " + ".join(tables))
+
 
 def mla_shape_params(hidden: int, q_lora: int, kv_lora: int, nope: int, rope: int,
                      v: int) -> tuple[float, float]:
@@ -707,6 +715,32 @@ class Calibration:
             topk=1, index_heads=m.index_n_heads, index_dim=m.index_head_dim, entry_bytes=0.0,
             index_bytes=INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim), index_cap=cap)
         return Priced(own * got.ms / v4_roof(b, kn, p4, heads),
+                      SOURCES[max(SOURCES.index(got.source), EXTRAPOLATED)], got.table)
+
+    def dsv41_attention(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,
+                        new: np.ndarray, past: np.ndarray) -> Priced:
+        """One DeepSeek-V4.1 layer's mega-attention kernel alone (the window + top-k attention
+        with its RoPE and output cast fused; no projections), by transfer from V4's measured
+        attention kernel (`dsv4_hca_attn`, window + compressed entries) at the context where it
+        reads as many entries (128 x the records the V4.1 layer reads; a window-only layer at
+        its window), its efficiency there applied to this kernel's roofline (its heads, fp4
+        records, fp8 window entries). Flagged extrapolated."""
+        m, hw = inst.model, self.hardware
+        heads = max(m.num_attention_heads // inst.tp, 1)
+        pinst = replace(inst, model=_v4_proxy(m), kv_cache="fp8")
+        b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
+                                        for v in (batch, new, past)))
+        ratio = kind.reads
+        p4 = (128 * np.minimum(p / ratio, m.sparse_topk) if ratio
+              else np.minimum(p, m.sliding_window))
+        got = self.dsv4_kernel("dsv4_hca_attn", pinst, b, n, p4)
+        v4_roof, _ = self._dsv4_kernel_roof("dsv4_hca_attn", pinst)
+        own = rf.sparse_attention(
+            hw, b, n, p, params=0.0, heads=heads, qk_dim=m.head_dim, v_dim=m.head_dim,
+            window=m.sliding_window, ratio=ratio, topk=m.sparse_topk if ratio else 0,
+            index_heads=0, index_dim=0, entry_bytes=kind.record_bytes(m, inst.kv_cache),
+            index_bytes=0.0, window_bytes=kind.window_bytes(m, inst.kv_cache))
+        return Priced(own * got.ms / v4_roof(b, n, p4, heads),
                       SOURCES[max(SOURCES.index(got.source), EXTRAPOLATED)], got.table)
 
     def dsv4_growth(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,

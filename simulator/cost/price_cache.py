@@ -58,6 +58,7 @@ VARYING: dict[str, tuple[int, ...]] = {
     "dsv4_module": (3, 4, 5),
     "dsv41_module": (3, 4, 5),
     "dsv41_indexer": (3, 4, 5),
+    "dsv41_attention": (3, 4, 5),
 }
 """Operation (a Calibration method) -> positions of its varying arguments (per-point values:
 tokens, batch, context, bytes); every other argument is fixed for a grid. Methods not listed
@@ -76,10 +77,10 @@ def _window_only(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _v41_reach(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """dsv41_module(kind, context, inst, batch, new, past) reads no more once the context
-    covers what the layer attends to: a window-only layer its window, and in decode a layer
-    reading records its window and top-k (`reads` x top-k tokens). Past that, every context
-    is one point (the same price)."""
+    """dsv41_module or dsv41_attention(kind, context, inst, batch, new, past) reads no more
+    once the context covers what the layer attends to: a window-only layer its window, and in
+    decode a layer reading records its window and top-k (`reads` x top-k tokens). Past that,
+    every context is one point (the same price)."""
     kind, context, inst = args[0], args[1], args[2]
     m = inst.model
     reach = (m.sliding_window if not kind.reads
@@ -90,7 +91,7 @@ def _v41_reach(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 SAME_PRICE: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
-    "dsv4_module": _window_only, "dsv41_module": _v41_reach}
+    "dsv4_module": _window_only, "dsv41_module": _v41_reach, "dsv41_attention": _v41_reach}
 """Operation -> its arguments with values it prices alike made equal (what the operation
 itself does first), so that they are one point here."""
 

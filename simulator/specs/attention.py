@@ -496,10 +496,54 @@ class CSA2(AttentionKind):
 
     def _parts(self, cal: Calibration, context: bool, inst: Instance, batch: np.ndarray,
                new: np.ndarray, past: np.ndarray) -> dict[str, Priced]:
-        out = {"module": cal.dsv41_module(self, context, inst, batch, new, past)}
+        from simulator.specs.deployment import uses_mega_attention
+
+        # Decode under mega attention drops the unfused module's many small kernels, whose
+        # fixed costs make most of its measured time at decode batches. A prefill chunk keeps
+        # the module's measured efficiency: there the elementwise work scales with tokens, and
+        # the part of it outside the fused kernel (window writes, the compressor's pooling,
+        # the index keys' quantisation) is measured by no table apart from the module.
+        if not context and uses_mega_attention(inst.model.architecture, inst.hardware.name,
+                                               inst.tp):
+            out = self._mega(cal, context, inst, batch, new, past)
+        else:
+            out = {"module": cal.dsv41_module(self, context, inst, batch, new, past)}
         scoring = cal.dsv41_indexer(self, context, inst, batch, new, past)
         if scoring is not None:
             out["indexer"] = scoring
+        return out
+
+
+    def _mega(self, cal: Calibration, context: bool, inst: Instance, batch: np.ndarray,
+              new: np.ndarray, past: np.ndarray) -> dict[str, Priced]:
+        """The layer as vLLM runs it under mega attention: its projections as GEMMs at the
+        measured GEMM rates (the ones reading the layer's input as one, as vLLM merges
+        DeepSeek's q_a and kv_a projections; the grouped output projection as the batched
+        GEMM it is, one group's shape over `o_groups` x the tokens: the same FLOPs), a source's
+        compressor, and the one fused attention kernel
+        (`Calibration.dsv41_attention`); the indexer's scoring is priced apart. None of the
+        unfused module's norm, RoPE and cast kernels remain."""
+        from simulator.calibration.tables import Priced
+
+        m = inst.model
+        tokens = batch * new
+        dtype = "bf16" if inst.weights == "bf16" else "fp8"  # V4's module tables: fp8 blocks
+        h, d, n = m.hidden, m.head_dim, m.num_attention_heads
+        indexed = self.index != "none"
+        gemms = [cal.gemm(tokens, m.q_lora_rank + d + (m.index_n_heads if indexed else 0), h,
+                          dtype),
+                 cal.gemm(tokens, n * d, m.q_lora_rank, dtype),
+                 cal.gemm(tokens * m.o_groups, m.o_lora_rank, n * d // m.o_groups, dtype),
+                 cal.gemm(tokens, h, m.o_groups * m.o_lora_rank, dtype)]
+        if indexed:
+            gemms.append(cal.gemm(tokens, m.index_n_heads * m.index_head_dim, m.q_lora_rank,
+                                  dtype))
+        out = {"projections": Priced.total(gemms),
+               "attention": cal.dsv41_attention(self, context, inst, batch, new, past)}
+        if self.owns:  # as the cut layer's compressor in prefill (cost/step.py)
+            out["compressor"] = Priced.total([
+                cal.gemm(tokens, d * (2 if self.reads > 1 else 1), h, "bf16"),
+                cal.gemm(tokens, m.index_head_dim, d, "bf16")])
         return out
 
 

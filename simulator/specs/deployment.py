@@ -387,6 +387,20 @@ MEGA_MOE_ARCHITECTURES = ("DeepseekV4ForCausalLM", "DeepseekV41ForCausalLM")
 fused; vLLM --moe-backend deep_gemm_mega_moe) where it applies."""
 
 
+MEGA_ATTENTION_ARCHITECTURES = ("DeepseekV41ForCausalLM",)
+"""Architectures vLLM runs on FlashMLA's mega attention on Blackwell (FLASHMLA_MEGA_ATTN_DSV41,
+its SM100 default for V4.1: one kernel for the query's RoPE, the window + top-k attention, the
+output's inverse RoPE and its FP8 cast, vllm/models/deepseek_v41/nvidia/flash_mla_mega_attn.py);
+the projections stay GEMMs."""
+
+
+def uses_mega_attention(architecture: str | None, hardware: str, attention_tp: int) -> bool:
+    """Whether an instance's attention layers run mega attention: a family that has it, on
+    Blackwell, with attention TP 1 (the kernel takes 8 local heads per output group: all 64)."""
+    return (architecture in MEGA_ATTENTION_ARCHITECTURES and attention_tp == 1
+            and hardware.lower() in SM100_HARDWARE)
+
+
 ADP_BALANCE_TIMEOUT_STEPS = 60
 """Steps a held prompt waits for the other DP ranks before it starts anyway (TensorRT-LLM's
 attention_dp_config timeout_iters as InferenceX's DeepSeek recipes set it)."""

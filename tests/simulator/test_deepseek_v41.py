@@ -173,10 +173,16 @@ def test_engram_tables_stay_in_host_memory():
 def test_every_v41_part_is_priced_from_the_v4_kernels_it_transfers():
     st = step_time(_inst(), Batch.decode(4, 64, 131_072), load_calibration(GB300, "vllm"))
     attn = {k: v for k, v in st.provenance.items() if k.startswith("attention.")}
-    assert attn and all(v.startswith("extrapolated (gb300/sparse_attention/vllm")
-                        for v in attn.values()), attn
+    # mega attention (Blackwell, attention TP 1): projections and a source's compressor as
+    # GEMMs, the fused kernel and the indexer by transfer from V4's measured kernels
+    kernels = {k: v for k, v in attn.items() if not k.endswith((".projections", ".compressor"))}
+    assert kernels and all(v.startswith("extrapolated (gb300/sparse_attention/vllm")
+                           for v in kernels.values()), kernels
+    assert all("gemm" in v for k, v in attn.items() if k not in kernels)
     assert "attention.csa2_source_r2.decode.indexer" in attn
     assert "attention.csa2_reuse_r2.decode.indexer" not in attn  # reuses the top-k
+    assert "attention.csa2_source_r2.decode.compressor" in attn  # a KV source compresses
+    assert "attention.csa2_reuse_r2.decode.compressor" not in attn
     assert "engram" in st.parts and "mhc" in st.parts
     assert sum(st.parts.values()) == pytest.approx(st.total_ms)
     assert np.isfinite(st.total_ms) and st.total_ms > 0
@@ -198,3 +204,23 @@ def test_a_dspark_draft_layer_reads_its_own_share_of_the_experts():
     ratio = (b["attention"] + (b["moe"] + b["communication"]) / 3) / (
         b["attention"] + b["moe"] + b["communication"])
     assert small - 5 * head == pytest.approx((big - 5 * head) * ratio, rel=1e-9)
+
+
+def test_mega_attention_prices_blackwell_decode_at_attention_tp1_only():
+    cal = load_calibration(GB300, "vllm")
+
+    def parts(inst, batch):
+        return {k.rsplit(".", 1)[1] for k in step_time(inst, batch, cal).provenance
+                if k.startswith("attention.csa2_reuse_r2.")}
+
+    assert parts(_inst(), Batch.decode(4, 64, 131_072)) == {"projections", "attention"}
+    # a prefill chunk keeps the measured module; so does decode with TP attention (mega
+    # attention takes all 64 heads) and on Hopper (no mega attention)
+    assert parts(_inst(role="prefill"), Batch.prefill(4, 4096)) == {"module"}
+    assert parts(_inst(attn_tp=2), Batch.decode(2, 64, 131_072)) == {"module"}
+    h200 = load_hardware("h200")
+    hopper = Instance(model=V41, hardware=h200, role="decode", ranks=4, expert_parallel=True,
+                      weights="fp8", kv_cache="fp8", indexer_cache="fp8")
+    assert {k.rsplit(".", 1)[1] for k in step_time(hopper, Batch.decode(4, 64, 131_072),
+                                                   load_calibration(h200, "vllm")).provenance
+            if k.startswith("attention.csa2_reuse_r2.")} == {"module"}

@@ -724,10 +724,15 @@ class Calibration:
         attention kernel (`dsv4_hca_attn`, window + compressed entries) at the context where it
         reads as many entries (128 x the records the V4.1 layer reads; a window-only layer at
         its window), its efficiency there applied to this kernel's roofline (its heads, fp4
-        records, fp8 window entries). Flagged extrapolated."""
+        records, fp8 window entries) at the heads it computes (a TP shard's, padded to
+        MEGA_ATTENTION_HEADS). Flagged extrapolated."""
+        from simulator.specs.deployment import MEGA_ATTENTION_HEADS
+
         m, hw = inst.model, self.hardware
-        heads = max(m.num_attention_heads // inst.tp, 1)
-        pinst = replace(inst, model=_v4_proxy(m), kv_cache="fp8")
+        heads = max(m.num_attention_heads // inst.tp, MEGA_ATTENTION_HEADS)
+        proxy = _v4_proxy(m)  # V4's kernel measured at as many heads
+        pinst = replace(inst, model=proxy, kv_cache="fp8", expert_parallel=True,
+                        attn_tp=max(proxy.num_attention_heads // heads, 1))
         b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
                                         for v in (batch, new, past)))
         ratio = kind.reads

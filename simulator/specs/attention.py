@@ -503,8 +503,7 @@ class CSA2(AttentionKind):
         # the module's measured efficiency: there the elementwise work scales with tokens, and
         # the part of it outside the fused kernel (window writes, the compressor's pooling,
         # the index keys' quantisation) is measured by no table apart from the module.
-        if not context and uses_mega_attention(inst.model.architecture, inst.hardware.name,
-                                               inst.tp):
+        if not context and uses_mega_attention(inst.model.architecture, inst.hardware.name):
             out = self._mega(cal, context, inst, batch, new, past)
         else:
             out = {"module": cal.dsv41_module(self, context, inst, batch, new, past)}
@@ -528,13 +527,16 @@ class CSA2(AttentionKind):
         m = inst.model
         tokens = batch * new
         dtype = "bf16" if inst.weights == "bf16" else "fp8"  # V4's module tables: fp8 blocks
-        h, d, n = m.hidden, m.head_dim, m.num_attention_heads
+        h, d = m.hidden, m.head_dim
+        # attention TP shards the heads and the output groups; the input's projections and
+        # the indexer's stay whole on every rank
+        n, groups = max(m.num_attention_heads // inst.tp, 1), max(m.o_groups // inst.tp, 1)
         indexed = self.index != "none"
         gemms = [cal.gemm(tokens, m.q_lora_rank + d + (m.index_n_heads if indexed else 0), h,
                           dtype),
                  cal.gemm(tokens, n * d, m.q_lora_rank, dtype),
-                 cal.gemm(tokens * m.o_groups, m.o_lora_rank, n * d // m.o_groups, dtype),
-                 cal.gemm(tokens, h, m.o_groups * m.o_lora_rank, dtype)]
+                 cal.gemm(tokens * groups, m.o_lora_rank, n * d // groups, dtype),
+                 cal.gemm(tokens, h, groups * m.o_lora_rank, dtype)]
         if indexed:
             gemms.append(cal.gemm(tokens, m.index_n_heads * m.index_head_dim, m.q_lora_rank,
                                   dtype))

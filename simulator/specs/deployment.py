@@ -393,12 +393,16 @@ its SM100 default for V4.1: one kernel for the query's RoPE, the window + top-k 
 output's inverse RoPE and its FP8 cast, vllm/models/deepseek_v41/nvidia/flash_mla_mega_attn.py);
 the projections stay GEMMs."""
 
+MEGA_ATTENTION_HEADS = 64
+"""Query heads the mega-attention kernel computes (it takes 64 or 128): a TP shard with fewer
+local heads is zero-padded to 64, so it pays for 64 (vLLM's benchmark_dsv41_mega_attn.py: at 16
+live heads, TP4 on a 64-head model, the kernel and the unfused split-KV path cost alike)."""
 
-def uses_mega_attention(architecture: str | None, hardware: str, attention_tp: int) -> bool:
+
+def uses_mega_attention(architecture: str | None, hardware: str) -> bool:
     """Whether an instance's attention layers run mega attention: a family that has it, on
-    Blackwell, with attention TP 1 (the kernel takes 8 local heads per output group: all 64)."""
-    return (architecture in MEGA_ATTENTION_ARCHITECTURES and attention_tp == 1
-            and hardware.lower() in SM100_HARDWARE)
+    Blackwell (at any attention TP, its heads padded to MEGA_ATTENTION_HEADS)."""
+    return architecture in MEGA_ATTENTION_ARCHITECTURES and hardware.lower() in SM100_HARDWARE
 
 
 ADP_BALANCE_TIMEOUT_STEPS = 60

@@ -206,7 +206,7 @@ def test_a_dspark_draft_layer_reads_its_own_share_of_the_experts():
     assert small - 5 * head == pytest.approx((big - 5 * head) * ratio, rel=1e-9)
 
 
-def test_mega_attention_prices_blackwell_decode_at_attention_tp1_only():
+def test_mega_attention_prices_blackwell_decode():
     cal = load_calibration(GB300, "vllm")
 
     def parts(inst, batch):
@@ -214,10 +214,17 @@ def test_mega_attention_prices_blackwell_decode_at_attention_tp1_only():
                 if k.startswith("attention.csa2_reuse_r2.")}
 
     assert parts(_inst(), Batch.decode(4, 64, 131_072)) == {"projections", "attention"}
-    # a prefill chunk keeps the measured module; so does decode with TP attention (mega
-    # attention takes all 64 heads) and on Hopper (no mega attention)
+    # a prefill chunk keeps the measured module, and so does Hopper (no mega attention)
     assert parts(_inst(role="prefill"), Batch.prefill(4, 4096)) == {"module"}
-    assert parts(_inst(attn_tp=2), Batch.decode(2, 64, 131_072)) == {"module"}
+    # TP attention shards the projections, but the kernel pays for its 64 padded heads
+    one, four = (cal.dsv41_attention(kind("csa2_reuse_r2"), False, _inst(attn_tp=tp),
+                                     np.array([8.0]), np.ones(1), np.array([65536.0])).ms[0]
+                 for tp in (1, 4))
+    assert one == four
+    sharded = step_time(_inst(attn_tp=4), Batch.decode(1, 8, 65536), cal).parts
+    whole = step_time(_inst(), Batch.decode(4, 8, 65536), cal).parts
+    key = "attention.csa2_reuse_r2.decode.projections"
+    assert sharded[key] < whole[key]
     h200 = load_hardware("h200")
     hopper = Instance(model=V41, hardware=h200, role="decode", ranks=4, expert_parallel=True,
                       weights="fp8", kv_cache="fp8", indexer_cache="fp8")

@@ -106,6 +106,12 @@ class Priced:
     def scaled(self, factor: float | np.ndarray) -> Priced:
         return Priced(self.ms * factor, self.source, self.table)
 
+    def transferred(self, own: np.ndarray, roof: np.ndarray) -> Priced:
+        """A roofline `own` at the efficiency this price reaches over its own roofline `roof`,
+        flagged extrapolated (another kernel's or shape's measurement)."""
+        return Priced(own * self.ms / roof,
+                      SOURCES[max(SOURCES.index(self.source), EXTRAPOLATED)], self.table)
+
     @staticmethod
     def total(parts: list[Priced]) -> Priced:
         """Several operations run one after another: their summed time, the least trustworthy
@@ -685,8 +691,7 @@ class Calibration:
             ratio=ratio, topk=m.sparse_topk if ratio else 0, index_heads=0, index_dim=0,
             entry_bytes=kind.record_bytes(m, inst.kv_cache), index_bytes=0.0,
             window_bytes=kind.window_bytes(m, inst.kv_cache))
-        return Priced(own * v4.ms / v4_roof, SOURCES[max(SOURCES.index(v4.source),
-                                                         EXTRAPOLATED)], v4.table)
+        return v4.transferred(own, v4_roof)
 
     def dsv41_indexer(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,
                       new: np.ndarray, past: np.ndarray) -> Priced | None:
@@ -714,8 +719,7 @@ class Calibration:
             hw, b, kn, p, params=0.0, heads=0, qk_dim=0, v_dim=0, window=0, ratio=kind.reads,
             topk=1, index_heads=m.index_n_heads, index_dim=m.index_head_dim, entry_bytes=0.0,
             index_bytes=INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim), index_cap=cap)
-        return Priced(own * got.ms / v4_roof(b, kn, p4, heads),
-                      SOURCES[max(SOURCES.index(got.source), EXTRAPOLATED)], got.table)
+        return got.transferred(own, v4_roof(b, kn, p4, heads))
 
     def dsv41_attention(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,
                         new: np.ndarray, past: np.ndarray) -> Priced:
@@ -745,8 +749,7 @@ class Calibration:
             window=m.sliding_window, ratio=ratio, topk=m.sparse_topk if ratio else 0,
             index_heads=0, index_dim=0, entry_bytes=kind.record_bytes(m, inst.kv_cache),
             index_bytes=0.0, window_bytes=kind.window_bytes(m, inst.kv_cache))
-        return Priced(own * got.ms / v4_roof(b, n, p4, heads),
-                      SOURCES[max(SOURCES.index(got.source), EXTRAPOLATED)], got.table)
+        return got.transferred(own, v4_roof(b, n, p4, heads))
 
     def dsv4_growth(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,
                     start: np.ndarray, stop: np.ndarray) -> np.ndarray:

@@ -90,8 +90,20 @@ def _v41_reach(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (*args[:5], np.minimum(np.asarray(args[5], dtype=float), reach))
 
 
+_READERS: dict[int, Any] = {}
+"""A V4.1 layer kind's `reads` -> the first kind seen that reads so (see _v41_kernel)."""
+
+
+def _v41_kernel(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """dsv41_attention prices the fused kernel by what the layer reads: its window and its
+    source's records (`reads`, with the record and window bytes every CSA2 kind shares), not by
+    whether the layer stores or scores them; every kind of the same `reads` is one point."""
+    kind, *rest = _v41_reach(args)
+    return (_READERS.setdefault(kind.reads, kind), *rest)
+
+
 SAME_PRICE: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
-    "dsv4_module": _window_only, "dsv41_module": _v41_reach, "dsv41_attention": _v41_reach}
+    "dsv4_module": _window_only, "dsv41_module": _v41_reach, "dsv41_attention": _v41_kernel}
 """Operation -> its arguments with values it prices alike made equal (what the operation
 itself does first), so that they are one point here."""
 

@@ -221,6 +221,12 @@ def test_mega_attention_prices_blackwell_decode():
                                      np.array([8.0]), np.ones(1), np.array([65536.0])).ms[0]
                  for tp in (1, 4))
     assert one == four
+    # the kernel prices what a layer reads: a KV source and the layers reusing its records
+    # alike (the operation prices per point take them as one point)
+    point = (False, _inst(), np.array([8.0]), np.ones(1), np.array([800.0]))  # < top-k x 2
+    assert (cal.dsv41_attention(kind("csa2_source_r2"), *point).ms[0]
+            == cal.dsv41_attention(kind("csa2_reuse_r2"), *point).ms[0]
+            != cal.dsv41_attention(kind("csa2_reuse_r1"), *point).ms[0])
     sharded = step_time(_inst(attn_tp=4), Batch.decode(1, 8, 65536), cal).parts
     whole = step_time(_inst(), Batch.decode(4, 8, 65536), cal).parts
     key = "attention.csa2_reuse_r2.decode.projections"

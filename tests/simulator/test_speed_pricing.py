@@ -26,6 +26,7 @@ from simulator.cost.step import (
     open_step,
     rank_attention_ms,
 )
+from simulator.des import pricing
 from simulator.des.pricing import StepPricer, pareto_front, round_bits
 from simulator.specs.deployment import RoleSpec, Speculative
 from simulator.specs.hardware import load_hardware
@@ -215,3 +216,24 @@ def test_the_one_point_sparse_attention_roofline_is_the_array_one_bit_for_bit() 
             assert one.shape == (1,) and one[0] == two[0] == two[1]
             assert rf.sparse_attention(hw, b, n, p, params=params, heads=heads,
                                        **kw).shape == ()
+
+
+@pytest.mark.parametrize("columns", [5, 2])
+def test_the_front_of_few_rows_in_python_is_the_numpy_front_bit_for_bit(
+        columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(6)
+    cases = []
+    for _ in range(600):
+        n = int(rng.integers(2, pricing.FEW_ROWS + 1))
+        rows = round_bits(rng.integers(0, 4, (n, columns)) * np.exp(rng.uniform(0, 9, (n, 1))),
+                          6)
+        if rng.random() < 0.5:  # a step's ranks: many repeat the first (padding, idle ranks)
+            rows[rng.random(n) < 0.6] = rows[0]
+        cases.append(rows)
+    few = [pareto_front(rows) for rows in cases]
+    monkeypatch.setattr(pricing, "FEW_ROWS", 0)  # numpy for every size
+    for rows, got in zip(cases, few, strict=True):
+        want = pareto_front(rows)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == want.tobytes()
+

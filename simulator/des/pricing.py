@@ -132,6 +132,14 @@ def _shared_memo(calibration: Calibration) -> tuple[dict[tuple[Any, ...], StepTi
     return memo, opened, entry[3]
 
 
+def operation_prices(calibration: Calibration) -> Calibration:
+    """A stand-in for `calibration` that prices each operation point as it does, bit for bit,
+    remembering the prices: the one the step memos of `calibration` share, so that whatever
+    else prices steps with these tables (the planner's screen) shares its points with the
+    simulations in the process, and they with it."""
+    return cast(Calibration, _shared_memo(calibration)[2])
+
+
 class StepPricer:
     """Prices steps of one cost-model instance, remembering each rounded signature."""
 

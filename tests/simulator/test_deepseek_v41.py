@@ -198,3 +198,26 @@ def test_a_dspark_draft_layer_reads_its_own_share_of_the_experts():
     ratio = (b["attention"] + (b["moe"] + b["communication"]) / 3) / (
         b["attention"] + b["moe"] + b["communication"])
     assert small - 5 * head == pytest.approx((big - 5 * head) * ratio, rel=1e-9)
+
+
+def test_a_v41_layer_priced_from_remembered_v4_points_is_the_fresh_price():
+    """`dsv41_module` remembers the V4 module price it transfers per points: a price that finds
+    it there is the price of a calibration that has never seen the point, bit for bit."""
+    cal = load_calibration(GB300, "vllm")
+    rng = np.random.default_rng(8)
+    calls = []
+    for _ in range(200):
+        role = "prefill" if rng.random() < 0.5 else "decode"
+        ranks = int(rng.choice([1, 2, 3]))
+        b = rng.integers(1, 64, ranks).astype(float)
+        n = rng.integers(1, 8192, ranks).astype(float) if role == "prefill" else np.ones(ranks)
+        p = np.exp(rng.uniform(0, 13, ranks)).round()
+        calls.append((kind(str(rng.choice(list(dict(V41.layer_kinds))))), role == "prefill",
+                      _inst(role=role, ranks=int(rng.choice([2, 16]))), b, n, p))
+    warm = [cal.dsv41_module(*c) for c in calls + calls]  # the second half finds every point
+    for c, a, again in zip(calls, warm[:len(calls)], warm[len(calls):], strict=True):
+        cal._v4_csas.clear()
+        fresh = cal.dsv41_module(*c)
+        for got in (a, again):
+            assert got.ms.tobytes() == fresh.ms.tobytes()
+            assert (got.source, got.table) == (fresh.source, fresh.table)

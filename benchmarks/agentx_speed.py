@@ -1,12 +1,14 @@
 """How fast the simulator replays AgentX session trees: N synthetic trees (all turns and
-subagents, from turn 0) on one GB300 NVL72 rack of DeepSeek-V4-Flash, P 20 x DEP2 + D 2 x DEP16,
-256 lanes.
+subagents, from turn 0) on one GB300 NVL72 rack of DeepSeek-V4-Flash (--model: another model on
+the same deck, drafting by its own method, e.g. deepseek-v4.1-flash, the default search's),
+P 20 x DEP2 + D 2 x DEP16, 256 lanes.
 
 The target is 1,000 trees in 10 s on one core; prints the trees, requests, simulated seconds,
 engine steps, the simulation's CPU and wall seconds and requests per CPU second.
 --single-steps steps every engine one step at a time (SimOptions.macro_steps off, the
 reference the macro-steps are tested against).
 Run: .venv/bin/python benchmarks/agentx_speed.py [--trees N] [--lanes N] [--single-steps]
+     [--model NAME]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from planner.space import draft_method
 from simulator.des import SimOptions, simulate
 from simulator.des.agentx import generate
 from simulator.specs.agentx import AgentxShape
@@ -38,6 +41,8 @@ def main() -> None:
     ap.add_argument("--lanes", type=int, default=256, help="trees alive at once (default 256)")
     ap.add_argument("--single-steps", action="store_true",
                     help="one event per engine step (no macro-steps)")
+    ap.add_argument("--model", default=DEPLOYMENT.model,
+                    help=f"model preset on the same deck (default {DEPLOYMENT.model})")
     args = ap.parse_args()
     if args.trees < 1 or args.lanes < 1:
         ap.error(f"--trees={args.trees} and --lanes={args.lanes} must be >= 1")
@@ -50,11 +55,16 @@ def main() -> None:
                                                 sampling="sequential"),
                         requests=requests)
     t0, c0 = time.perf_counter(), time.process_time()
-    res = simulate(DEPLOYMENT, workload, options=SimOptions(macro_steps=not args.single_steps))
+    deck = DEPLOYMENT.model_dump()
+    deck["model"] = args.model
+    deck["decode"]["speculative"]["method"] = draft_method(args.model)  # V4.1: DSpark drafts
+    deployment = Deployment.model_validate(deck)
+    res = simulate(deployment, workload, options=SimOptions(macro_steps=not args.single_steps))
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     m = res.metrics()
-    print(f"{args.trees:,} trees, {requests:,} requests ({m['completed']:,} completed), "
-          f"{m['duration_s']:,.0f} simulated s, {res.steps:,} engine steps: {cpu:,.1f} s CPU, "
+    print(f"{args.model}: {args.trees:,} trees, {requests:,} requests "
+          f"({m['completed']:,} completed), {m['duration_s']:,.0f} simulated s, "
+          f"{res.steps:,} engine steps: {cpu:,.1f} s CPU, "
           f"{wall:,.1f} s wall ({requests / cpu:,.0f} requests per CPU s; corpus generated in "
           f"{gen_s:.1f} s); target 1,000 trees in 10 s")
 

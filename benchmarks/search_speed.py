@@ -11,13 +11,15 @@ one worker) in this process on a fresh storage in a temporary folder, and prints
 seconds (this process and its children, against the issue's 30 s), the simulations, the CPU
 they took, their engine steps and the share of steps the cost model composed (against 2 %),
 and how many of those steps' signatures were finished from a composed step with another expert
-load. --repeat N runs it N times, each in a fresh process (the step memo and the operation
-prices are per process), and prints each run's figures and the range.
+load, and the plan it chose. --repeat N runs it N times, each in a fresh process (the step
+memo and the operation prices are per process), and prints each run's figures and the range.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import resource
 import subprocess
@@ -29,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.planner.fakes
 
-from planner.plan import summarize
+from planner.plan import describe, summarize
 from planner.search import SearchConfig, finished, records, run_search
 from planner.space import build_space
 from simulator.specs.deployment import Deployment
@@ -111,7 +113,8 @@ def demo_once() -> dict[str, Any]:
         return result
 
     des.simulate = counted
-    with tempfile.TemporaryDirectory() as folder:
+    printed = io.StringIO()
+    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(printed):
         start, wall = cpu_s(), time.perf_counter()
         cli(["search", "--storage", f"sqlite:///{folder}/demo.db", "--out",
              f"{folder}/plan.yaml", "--json"])
@@ -119,7 +122,19 @@ def demo_once() -> dict[str, Any]:
     steps = sum(s[1] for s in sims)
     return {"cpu_s": cpu, "wall_s": wall, "simulations": len(sims),
             "simulation_cpu_s": sum(s[0] for s in sims), "steps": steps,
-            "composed": sum(s[2] for s in sims), "expert_loads": sum(s[3] for s in sims)}
+            "composed": sum(s[2] for s in sims), "expert_loads": sum(s[3] for s in sims),
+            "plan": chosen(json.loads(printed.getvalue()))}
+
+
+def chosen(search: dict[str, Any]) -> str:
+    """The plan a search's --json output chose, in one line (or why there is none)."""
+    best = search.get("best")
+    if not best:
+        return "no plan meets the SLOs"
+    m = best["metrics"]
+    return (f"{describe(best['deployment'])}: {m['throughput_tok_s_gpu']:,.0f} tok/s/GPU, "
+            f"{m['tok_s_user']['p90']:,.1f} tok/s/user p90, TTFT p90 "
+            f"{m['ttft_ms']['p90']:,.0f} ms")
 
 
 def demo(repeat: int) -> None:
@@ -134,7 +149,7 @@ def demo(repeat: int) -> None:
               f"({100 * r['simulation_cpu_s'] / r['cpu_s']:.0f} %); {r['steps']:,} steps, "
               f"{r['composed']:,} composed by the cost model "
               f"({100 * r['composed'] / max(r['steps'], 1):.2f} %, target 2 %), "
-              f"{r['expert_loads']:,} signatures finished from them")
+              f"{r['expert_loads']:,} signatures finished from them\n  plan: {r['plan']}")
     if len(runs) > 1:
         cpus = [r["cpu_s"] for r in runs]
         print(f"CPU s over {len(runs)} runs: {min(cpus):.1f}-{max(cpus):.1f}")

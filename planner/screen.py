@@ -28,7 +28,7 @@ import numpy as np
 from simulator.calibration.serving import ServingOverhead
 from simulator.cost.step import Batch, Instance, step_time
 from simulator.des.prefix_cache import BLOCK_TOKENS
-from simulator.des.pricing import instance_key
+from simulator.des.pricing import instance_key, operation_prices
 from simulator.des.replay import load_corpus
 from simulator.des.sessions import SessionTrace
 from simulator.resolve import Resolved
@@ -127,7 +127,9 @@ class Screen:
     def step_ms(self, inst: Instance, resolved: Resolved, decode: float, context: float,
                 prefill: float, cached: float, prefilling: int | None = None) -> float:
         """Step ms of `inst` with `decode` requests at `context` on every rank and `prefill`
-        new tokens after `cached` ones on `prefilling` ranks (None: every rank; memoized)."""
+        new tokens after `cached` ones on `prefilling` ranks (None: every rank; memoized; its
+        operations priced through the prices per point the simulations share, the same
+        floats)."""
         ranks = inst.dp if prefilling is None else min(prefilling, inst.dp)
         key = (instance_key(inst), round(decode, 2), round(context), round(prefill),
                round(cached), ranks)
@@ -136,7 +138,8 @@ class Screen:
             batch = Batch(np.full(inst.dp, decode), np.full(inst.dp, context),
                           np.where(on, prefill, 0.0), on.astype(float),
                           np.where(on, cached, 0.0))
-            self._memo[key] = step_time(inst, batch, resolved.calibration).total_ms
+            self._memo[key] = step_time(inst, batch,
+                                        operation_prices(resolved.calibration)).total_ms
         return self._memo[key]
 
     def __call__(self, resolved: Resolved) -> dict[str, Any]:

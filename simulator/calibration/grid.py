@@ -182,7 +182,7 @@ class Grid:
         q, d = points.shape
         if q == 1 or ((points == points[0]).all() and (roofline == roofline[0]).all()):
             ms1, code1 = self._query_one(points[0], float(roofline[0]), exact)
-            return np.repeat(ms1, q), np.repeat(code1, q)
+            return (ms1, code1) if q == 1 else (np.repeat(ms1, q), np.repeat(code1, q))
         lo = np.empty((q, d), dtype=np.intp)
         hi = np.empty((q, d), dtype=np.intp)
         t = np.empty((q, d))
@@ -217,7 +217,9 @@ class Grid:
             cell = tuple(c[nearest] for c in self.cells)
             log_eff[~have] = self.log_eff[cell]
             code[~have] = EXTRAPOLATED
-        ms = roofline / np.exp(log_eff)
+        # math.exp, as `_query_one` takes it: a point's price is the same whichever points it
+        # is queried with (numpy's exp may differ from it in the last bit on some CPUs)
+        ms = roofline / np.array([math.exp(v) for v in log_eff.tolist()])
         # A measured point comes back exactly, not through the efficiency round trip.
         on_node = (~outside) & np.all((t < 1e-12) | (t > 1 - 1e-12), axis=1)
         if exact and on_node.any():

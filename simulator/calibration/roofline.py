@@ -7,6 +7,7 @@ Every function is vectorised over its array arguments.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
@@ -137,9 +138,10 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
     """
     wbytes = entry_bytes if window_bytes is None else window_bytes
     point = (batch, new, past, params, heads)
-    if bound == "both" and all(np.size(v) == 1 for v in point):
+    one = [_one(v) for v in point] if bound == "both" else [None]
+    if None not in one:
         shape = max((np.shape(v) for v in point), key=len)
-        b1, n1, p1, w1, h1 = (float(np.asarray(v, dtype=float).ravel()[0]) for v in point)
+        b1, n1, p1, w1, h1 = cast(list[float], one)
         return np.full(shape, _sparse_attention_one(
             hw, b1, n1, p1, w1, h1, qk_dim, v_dim, window, ratio, topk, index_heads, index_dim,
             entry_bytes, index_bytes, weights, index_cap, wbytes))
@@ -176,6 +178,16 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
              "memory": lambda: nbytes / hw.hbm_bytes_s,
              "both": lambda: np.maximum(compute, nbytes / hw.hbm_bytes_s)}
     return sides[bound]() * 1e3
+
+
+def _one(v: ArrayLike) -> float | None:
+    """The value of a one-element argument as a float (None for more elements or none)."""
+    if type(v) is float:
+        return v
+    if type(v) is int:
+        return float(v)
+    a = np.asarray(v, dtype=float)
+    return float(a.ravel()[0]) if a.size == 1 else None
 
 
 def _sparse_attention_one(hw: HardwareSpec, batch: float, new: float, past: float,

@@ -40,6 +40,9 @@ past MAX_OBJECTS object arguments seen, it starts afresh."""
 
 MAX_OBJECTS = 10_000
 
+_SCALARS = frozenset((int, float, str, bool, type(None)))
+"""Types a cheap key takes as they are."""
+
 VARYING: dict[str, tuple[int, ...]] = {
     "gemm": (0,),
     "moe": (0,),
@@ -154,8 +157,13 @@ class CachedCalibration:
         """Points priced by the wrapped calibration so far."""
         self.calls = 0
         """Calls into the wrapped calibration."""
-        self._objects: dict[int, tuple[Any, Any]] = {}
-        """id(object argument) -> (the object, kept so that its id stays its own; its key)."""
+        self._objects: dict[int, tuple[Any, Any, object]] = {}
+        """id(object argument) -> (the object, kept so that its id stays its own; its key; its
+        token in cheap keys)."""
+        self._fast: dict[tuple[Any, ...], _Points] = {}
+        """Cheap key (operation, fixed scalars, tokens of fixed objects) -> the points of the
+        operation with those fixed arguments: most calls find them here, without taking an
+        instance's or a kind's content key."""
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.calibration, name)
@@ -174,6 +182,54 @@ class CachedCalibration:
         same = SAME_PRICE.get(name)
         if same is not None:
             args = same(args)
+        memo = self._points(name, varying, args, kwargs)
+        if memo.none:
+            return None
+        if len(varying) == 1:
+            one = np.asarray(args[varying[0]], dtype=float)
+            shape = one.shape or (1,)
+            raw = one.tobytes()
+            width = 8
+        else:
+            values = [np.asarray(args[i], dtype=float) for i in varying]
+            shape = values[0].shape
+            if not shape or any(v.shape != shape for v in values):
+                values = list(np.broadcast_arrays(*(np.atleast_1d(v) for v in values)))
+                shape = values[0].shape
+            x = np.empty((values[0].size, len(values)))  # one row per point
+            for j, v in enumerate(values):
+                x[:, j] = v.ravel()
+            raw = x.tobytes()
+            width = 8 * len(values)
+        keys = [raw[i:i + width] for i in range(0, len(raw), width)]
+        index = memo.index
+        at = [index.get(k, -1) for k in keys]
+        if -1 in at:
+            new_keys = list(dict.fromkeys(k for k, a in zip(keys, at, strict=True) if a < 0))
+            rows = np.frombuffer(b"".join(new_keys), dtype=float).reshape(-1, width // 8)
+            if not self._fill(memo, method, varying, args, kwargs, new_keys, rows):
+                return None
+            at = [index[k] for k in keys]
+        stored, codes, tables = memo.ms, memo.code, memo.table
+        if len(at) == 1:
+            i = at[0]
+            return Priced(np.array([stored[i]]).reshape(shape), SOURCES[codes[i]], tables[i])
+        ms = np.array([stored[i] for i in at]).reshape(shape)
+        return Priced(ms, SOURCES[max(codes[i] for i in at)],
+                      " + ".join(dict.fromkeys(tables[i] for i in at)))
+
+    def _points(self, name: str, varying: tuple[int, ...], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> _Points:
+        """The priced points of operation `name` with the fixed arguments of `args`: looked up
+        first by a cheap key (scalars by value, objects by a token per object seen), then by
+        content (`_fixed`), so that equal objects share their points."""
+        fast: tuple[Any, ...] | None = None
+        if not kwargs:
+            fast = (name, *(a if type(a) in _SCALARS else self._token(a)
+                            for i, a in enumerate(args) if i not in varying))
+            memo = self._fast.get(fast)
+            if memo is not None:
+                return memo
         fixed = tuple(self._key(a) for i, a in enumerate(args) if i not in varying)
         key = (name, fixed, tuple(sorted((k, _fixed(v)) for k, v in kwargs.items())))
         memo = self._memo.get(key)
@@ -181,37 +237,33 @@ class CachedCalibration:
             if self.points > MAX_POINTS or len(self._objects) > MAX_OBJECTS:
                 self._memo.clear()
                 self._objects.clear()
+                self._fast.clear()
                 self.points = 0
+                if fast is not None:  # its tokens are gone with the objects
+                    return self._points(name, varying, args, kwargs)
             memo = self._memo[key] = _Points()
-        if memo.none:
-            return None
-        values = np.broadcast_arrays(*(np.atleast_1d(np.asarray(args[i], dtype=float))
-                                       for i in varying))
-        x = np.ascontiguousarray(np.stack([v.ravel() for v in values], axis=1))  # (n, dims)
-        raw = x.tobytes()
-        width = x.shape[1] * 8
-        keys = [raw[i:i + width] for i in range(0, len(raw), width)]
-        index = memo.index
-        at = [index.get(k, -1) for k in keys]
-        if -1 in at:
-            new_keys = list(dict.fromkeys(k for k, a in zip(keys, at, strict=True) if a < 0))
-            rows = np.frombuffer(b"".join(new_keys), dtype=float).reshape(-1, x.shape[1])
-            if not self._fill(memo, method, varying, args, kwargs, new_keys, rows):
-                return None
-            at = [index[k] for k in keys]
-        stored, codes = memo.ms, memo.code
-        ms = np.array([stored[i] for i in at]).reshape(values[0].shape)
-        tables = dict.fromkeys(memo.table[i] for i in at)
-        return Priced(ms, SOURCES[max(codes[i] for i in at)], " + ".join(tables))
+        if fast is not None:
+            self._fast[fast] = memo
+        return memo
 
     def _key(self, value: Any) -> Any:
         """`_fixed(value)`, remembered per object for objects (an instance, a kind)."""
         if isinstance(value, int | float | str | bool | None):
             return value
+        return self._held(value)[1]
+
+    def _token(self, value: Any) -> Any:
+        """A stand-in for `value` in a cheap key: itself for a scalar, else a token of the
+        object, equal to nothing but itself (so never to a scalar)."""
+        if isinstance(value, int | float | str | bool | None):
+            return value
+        return self._held(value)[2]
+
+    def _held(self, value: Any) -> tuple[Any, Any, object]:
         held = self._objects.get(id(value))
         if held is None:
-            held = self._objects[id(value)] = (value, _fixed(value))
-        return held[1]
+            held = self._objects[id(value)] = (value, _fixed(value), object())
+        return held
 
     def _fill(self, memo: _Points, method: Callable[..., Priced | None],
               varying: tuple[int, ...], args: tuple[Any, ...], kwargs: dict[str, Any],

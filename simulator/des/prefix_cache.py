@@ -14,6 +14,10 @@ a shared system prompt outlives the tails behind it.
 `HostTier` is the optional second tier in host memory (vLLM's KV offloading connector, LMCache):
 every block computed is stored there too, and a prompt whose blocks fell out of HBM but are in
 host memory loads them over the host link instead of computing them.
+
+`Holders` indexes, for a role's prefix caches together, which ranks hold a run starting at a
+given block: a rank whose cache lacks a prompt's first block has no hit for it, so a router
+looks only into the ranks that hold it instead of into every rank's cache.
 """
 
 from __future__ import annotations
@@ -27,14 +31,59 @@ BLOCK_TOKENS = 512
 """Tokens per hashed prefix block of the Mooncake traces (AgentX traces: 64, from the trace)."""
 
 
+class Holders:
+    """Block id -> the ranks whose caches hold a run starting there, over every rank
+    registered (one index per role: its instances' ranks and both tiers of each)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, dict[int, int]] = {}
+        """Block id -> {rank key: tiers holding it}."""
+        self.owners: list[tuple[RankCaches, int]] = []
+        """Rank key -> (its instance's caches, the rank there)."""
+
+    def register(self, caches: RankCaches, ranks: int) -> int:
+        """Give an instance's `ranks` keys; returns the first (rank r's key is it + r)."""
+        base = len(self.owners)
+        self.owners.extend((caches, r) for r in range(ranks))
+        return base
+
+    def add(self, block: int, key: int) -> None:
+        held = self.ranks.get(block)
+        if held is None:
+            self.ranks[block] = {key: 1}
+        else:
+            held[key] = held.get(key, 0) + 1
+
+    def drop(self, block: int, key: int) -> None:
+        held = self.ranks[block]
+        if held[key] > 1:
+            held[key] -= 1
+            return
+        del held[key]
+        if not held:
+            del self.ranks[block]
+
+    def of(self, runs: Runs) -> list[tuple[RankCaches, int]]:
+        """(caches, rank) of the ranks that may hit `runs`: those holding its first block."""
+        if not runs:
+            return []
+        held = self.ranks.get(runs[0][0])
+        if not held:
+            return []
+        owners = self.owners
+        return [owners[k] for k in held]
+
+
 class BlockLRU:
     """Least-recently-used runs of block ids, at most `capacity` blocks."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, holders: Holders | None = None, key: int = 0) -> None:
         self._capacity = max(int(capacity), 0)
         self._runs: OrderedDict[int, int] = OrderedDict()
         self.blocks = 0
         """Blocks cached."""
+        self._holders, self._key = holders, key
+        """The index told of every run start added or evicted, and this cache's rank key."""
 
     def __len__(self) -> int:
         return self.blocks
@@ -85,6 +134,8 @@ class BlockLRU:
             if count > held:
                 self.blocks += count - held
                 self._runs[start] = count
+                if not held and self._holders is not None:
+                    self._holders.add(start, self._key)
             self._runs.move_to_end(start)
         self._evict()
 
@@ -95,6 +146,8 @@ class BlockLRU:
             if held <= over:
                 del self._runs[start]
                 self.blocks -= held
+                if self._holders is not None:
+                    self._holders.drop(start, self._key)
             else:
                 self._runs[start] = held - over
                 self.blocks -= over
@@ -110,14 +163,20 @@ class RankCaches:
     """The prefix caches of an instance's DP ranks: HBM, and the host tier when there is one.
 
     `free_blocks(rank)` says how many blocks the rank's KV memory leaves after the requests
-    running there; the HBM cache is held to it at every lookup and insert.
+    running there; the HBM cache is held to it at every lookup and insert. `holders` is the
+    index of run starts these ranks share with the other instances of their role (default: one
+    of their own).
     """
 
     def __init__(self, ranks: int, free_blocks: Callable[[int], int], host_blocks: int = 0,
-                 block_tokens: int = BLOCK_TOKENS, load_s_per_block: float = 0.0) -> None:
+                 block_tokens: int = BLOCK_TOKENS, load_s_per_block: float = 0.0,
+                 holders: Holders | None = None) -> None:
         self.free_blocks, self.block_tokens = free_blocks, block_tokens
-        self.hbm = [BlockLRU(free_blocks(r)) for r in range(ranks)]
-        self.host = [BlockLRU(host_blocks) for _ in range(ranks)] if host_blocks > 0 else None
+        self.holders = Holders() if holders is None else holders
+        base = self.holders.register(self, ranks)
+        self.hbm = [BlockLRU(free_blocks(r), self.holders, base + r) for r in range(ranks)]
+        self.host = ([BlockLRU(host_blocks, self.holders, base + r) for r in range(ranks)]
+                     if host_blocks > 0 else None)
         self.load_s_per_block = load_s_per_block
         """Seconds one block takes over the rank's host link."""
         self._link_free = [0.0] * ranks

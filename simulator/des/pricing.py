@@ -57,8 +57,35 @@ def round_bits(x: Any, bits: int) -> Any:
     return c - (c - x)
 
 
+FEW_ROWS = 32
+"""Up to this many rows, `pareto_front` works on Python floats (numpy's per-call cost dominates
+at a step's few DP ranks)."""
+
+
+def _front_of_few(rows: np.ndarray) -> np.ndarray:
+    """`pareto_front` in plain Python: the same rows, bit for bit, in the same order. Sorted
+    ascending, a row can only be dominated by one after it (a dominating row is larger)."""
+    unique = sorted(dict.fromkeys(map(tuple, rows.tolist())))
+    if rows.shape[1] == 5:  # a step's rows: the comparisons written out
+        keep = []
+        for i, r in enumerate(unique):
+            a, b, c, d, e = r
+            for s in unique[i + 1:]:
+                if s[0] >= a and s[1] >= b and s[2] >= c and s[3] >= d and s[4] >= e:
+                    break
+            else:
+                keep.append(r)
+    else:
+        keep = [r for i, r in enumerate(unique)
+                if not any(all(x >= y for x, y in zip(s, r, strict=True))
+                           for s in unique[i + 1:])]
+    return np.array(keep, dtype=float).reshape(len(keep), rows.shape[1])
+
+
 def pareto_front(rows: np.ndarray) -> np.ndarray:
     """Unique rows not dominated by another row (all columns >=, one >), in sorted order."""
+    if 1 < len(rows) <= FEW_ROWS and rows.ndim == 2 and not np.isnan(rows).any():
+        return _front_of_few(rows)
     if len(rows) > 1:
         rows = rows[np.lexsort(rows.T[::-1])]
         rows = rows[np.concatenate(([True], np.any(rows[1:] != rows[:-1], axis=1)))]
@@ -103,6 +130,14 @@ def _shared_memo(calibration: Calibration) -> tuple[dict[tuple[Any, ...], StepTi
     if len(opened) > SHARED_ENTRIES:
         opened.clear()
     return memo, opened, entry[3]
+
+
+def operation_prices(calibration: Calibration) -> Calibration:
+    """A stand-in for `calibration` that prices each operation point as it does, bit for bit,
+    remembering the prices: the one the step memos of `calibration` share, so that whatever
+    else prices steps with these tables (the planner's screen) shares its points with the
+    simulations in the process, and they with it."""
+    return cast(Calibration, _shared_memo(calibration)[2])
 
 
 class StepPricer:

@@ -36,7 +36,7 @@ from simulator.des.experts import (
 )
 from simulator.des.kvpool import KvPool
 from simulator.des.metrics import InstanceInfo, Recorder, SimResult
-from simulator.des.prefix_cache import RankCaches
+from simulator.des.prefix_cache import Holders, RankCaches, cached_tokens
 from simulator.des.pricing import StepPricer
 from simulator.des.replay import load_corpus
 from simulator.des.requests import RequestTable
@@ -150,6 +150,11 @@ class _Run:
         self._kv_bytes = remembered(lambda context: self.model.kv_bytes(
             context, p.kv_cache, p.indexer_cache))
         """KV bytes a request of a given context sends from prefill to decode."""
+        self._holders: dict[str, Holders] = {}
+        """Per role: which ranks of its instances hold a run starting at a block."""
+        self._offsets: dict[str, tuple[dict[int, int], int]] = {}
+        """Per role, once routed: id(an instance's caches) -> its first rank's candidate index,
+        and the candidates."""
         for role in self._running_roles():
             self.engines[role] = [self._engine(role, i) for i in
                                   range(deployment.roles[role].instances)]
@@ -249,10 +254,10 @@ class _Run:
         cls = PrefillEngine if role == "prefill" else AggregatedEngine
         engine = cls(self.shared, name, spec, pricer, experts, kv_tokens, None,
                      finish_at_prefill=only_prefill)
-        engine.cache = self._caches(spec, engine.kv)
+        engine.cache = self._caches(role, spec, engine.kv)
         return engine
 
-    def _caches(self, spec: RoleSpec, pool: KvPool) -> RankCaches:
+    def _caches(self, role: str, spec: RoleSpec, pool: KvPool) -> RankCaches:
         """Per-rank prefix caches of an instance that prefills: HBM within what the requests
         running on each rank leave of its KV `pool`, and the host tier of `host_cache_gb` per
         GPU priced over the host link."""
@@ -273,7 +278,8 @@ class _Run:
         host_blocks = int(spec.host_cache_gb * 2 ** 30 // max(bytes_per_block, 1.0))
         link = self.hardware.host_link_gb_s * 1e9
         return RankCaches(len(pool.used), free_blocks, host_blocks, block,
-                          bytes_per_block / link if link > 0 else 0.0)
+                          bytes_per_block / link if link > 0 else 0.0,
+                          self._holders.setdefault(role, Holders()))
 
     # ---- the pipeline (engines call these) -------------------------------------------------
 
@@ -299,7 +305,7 @@ class _Run:
         cols = Candidates(
             np.concatenate([e.rank_queued() for e in places]),
             np.concatenate([e.rank_requests() for e in places]),
-            np.concatenate([e.rank_cached(rid) for e in places]),
+            self._cached(role, places, rid),
             float(self.table.input_len[rid]))
         i = router.pick(cols, key)
         for e in places:  # candidate i is rank i of the instances' ranks in order
@@ -307,6 +313,29 @@ class _Run:
                 return e, i
             i -= e.dp
         raise AssertionError("a router picked a candidate it was not given")
+
+    def _cached(self, role: str, places: list[PrefillEngine | AggregatedEngine],
+                rid: int) -> np.ndarray:
+        """Per candidate rank of `places`: prompt tokens of `rid` held there (what each
+        instance's `rank_cached` says), looked up only on the ranks the role's holders index
+        names for the prompt's first block (the others can have no hit)."""
+        known = self._offsets.get(role)
+        if known is None:
+            at, n = {}, 0
+            for e in places:
+                if e.cache is not None:
+                    at[id(e.cache)] = n
+                n += e.dp
+            known = self._offsets[role] = (at, n)
+        at, total = known
+        out = np.zeros(total)
+        blocks, holders = self.table.blocks[rid], self._holders.get(role)
+        if blocks is None or holders is None:
+            return out
+        n, bt = int(self.table.input_len[rid]), self.table.block_tokens
+        for caches, rank in holders.of(blocks):
+            out[at[id(caches)] + rank] = cached_tokens(caches.peek(rank, blocks), n, bt)
+        return out
 
     def submit(self, rid: int) -> None:
         """A request arrived; it reaches the scheduler after the API overhead."""

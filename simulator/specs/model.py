@@ -177,7 +177,13 @@ class ModelSpec(BaseModel):
     def layer_kind_names(self) -> tuple[str, ...]:
         """The attention kind of each decoder layer, in order (MTP excluded)."""
         if self.attention == "dsv41":
-            return tuple(_v41_kind(self, i) for i in range(self.layers))
+            held = _V41_KINDS.get(id(self))
+            if held is None or held[0] is not self:
+                if len(_V41_KINDS) >= 1024:
+                    _V41_KINDS.clear()
+                held = _V41_KINDS[id(self)] = (self, tuple(_v41_kind(self, i)
+                                                           for i in range(self.layers)))
+            return held[1]
         return tuple(k for k, n in self.layer_kinds for _ in range(n))
 
     @property
@@ -602,6 +608,11 @@ def _v4_family(name: str, arch: str, cfg: dict[str, Any], ratios: list[int]) -> 
 
 V41_RATIOS = (0, 1, 2)
 """DeepSeek-V4.1 compress_ratios values: 0 window only, 1 or 2 tokens per compressed record."""
+
+
+_V41_KINDS: dict[int, tuple[ModelSpec, tuple[str, ...]]] = {}
+"""id(a V4.1 model) -> (the model, kept so that its id stays its own; its layers' kinds): a
+step asks for them per layer kind (the model is frozen)."""
 
 
 def _v41_kind(m: ModelSpec, layer: int) -> str:

@@ -100,3 +100,20 @@ def test_gate_skips_twins_of_simulated_points():
     assert gate.decide("pd", metrics(1000, 60), history) == Decision(
         False, "screen: same estimate as simulated trial 7")
     assert gate.decide("aggregated", metrics(1000, 60), history).simulate
+
+
+@pytest.mark.parametrize("deployment", [PD, AGG], ids=["pd", "aggregated"])
+def test_the_screen_through_the_shared_operation_prices_is_the_direct_estimate(
+        deployment, monkeypatch):
+    """The screen prices its steps' operations through the prices per point the simulations
+    share (`operation_prices`): the estimate is the one priced on the tables directly."""
+    import planner.screen as screen
+
+    w = Workload(arrival=ClosedArrival(concurrency=64), input_tokens=UniformLength(low=500,
+                 high=3000), output_tokens=FixedLength(value=300),
+                 sessions=Sessions(turns=3, think_time_s=1.0))
+    res = resolve(deployment)
+    shared = Screen(w)(res)
+    again = Screen(w)(res)  # every point now remembered
+    monkeypatch.setattr(screen, "operation_prices", lambda calibration: calibration)
+    assert shared == again == Screen(w)(res)

@@ -237,3 +237,26 @@ def test_mega_attention_prices_blackwell_decode():
     assert {k.rsplit(".", 1)[1] for k in step_time(hopper, Batch.decode(4, 64, 131_072),
                                                    load_calibration(h200, "vllm")).provenance
             if k.startswith("attention.csa2_reuse_r2.")} == {"module"}
+
+
+def test_a_v41_layer_priced_from_remembered_v4_points_is_the_fresh_price():
+    """`dsv41_module` remembers the V4 module price it transfers per points: a price that finds
+    it there is the price of a calibration that has never seen the point, bit for bit."""
+    cal = load_calibration(GB300, "vllm")
+    rng = np.random.default_rng(8)
+    calls = []
+    for _ in range(200):
+        role = "prefill" if rng.random() < 0.5 else "decode"
+        ranks = int(rng.choice([1, 2, 3]))
+        b = rng.integers(1, 64, ranks).astype(float)
+        n = rng.integers(1, 8192, ranks).astype(float) if role == "prefill" else np.ones(ranks)
+        p = np.exp(rng.uniform(0, 13, ranks)).round()
+        calls.append((kind(str(rng.choice(list(dict(V41.layer_kinds))))), role == "prefill",
+                      _inst(role=role, ranks=int(rng.choice([2, 16]))), b, n, p))
+    warm = [cal.dsv41_module(*c) for c in calls + calls]  # the second half finds every point
+    for c, a, again in zip(calls, warm[:len(calls)], warm[len(calls):], strict=True):
+        cal._v4_csas.clear()
+        fresh = cal.dsv41_module(*c)
+        for got in (a, again):
+            assert got.ms.tobytes() == fresh.ms.tobytes()
+            assert (got.source, got.table) == (fresh.source, fresh.table)

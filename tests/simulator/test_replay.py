@@ -5,6 +5,7 @@ the metrics. Numbers by hand on small traces."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from simulator.des.prefix_cache import BlockLRU, RankCaches
 from simulator.des.sessions import Agent, SessionTrace, Turn, to_runs
 from simulator.des.simulate import SimOptions, _Run
 from simulator.des.weka import write_weka
+from simulator.specs.agentx import AgentxShape, Lognormal
 from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.workload import Sessions, SessionsArrival, Workload
 
@@ -181,3 +183,65 @@ def test_a_prefill_only_replay_computes_each_turn_and_samples_one_token(tmp_path
     assert m["prefill_input_tok_s_gpu"] > m["prefill_computed_tok_s_gpu"]
     with pytest.raises(ValueError, match="mode decode_only holds a fixed context"):
         Workload(arrival=SessionsArrival(concurrency=4), mode="decode_only")
+
+
+def _routed(dep: Deployment, wl: Workload, indexed: bool,
+            looks: dict[str, int]) -> list[tuple[int, str, int | None]]:
+    """(request, instance, rank) of each prompt's routing in a run whose prefill caches hold
+    ~19K tokens per rank; `indexed`: through the holders index, each look checked against a
+    look into every rank's cache; else through the look into every rank's cache."""
+    r = _Run(dep, wl, None, None, None, SimOptions())
+    for e in r.engines["prefill"]:
+        assert e.cache is not None
+        e.cache.free_blocks = lambda rank: 300
+    index = r._cached
+
+    def scan(role: str, engines: list[Any], rid: int) -> np.ndarray:
+        return np.concatenate([e.rank_cached(rid) for e in engines])
+
+    def checked(role: str, engines: list[Any], rid: int) -> np.ndarray:
+        got, want = index(role, engines, rid), scan(role, engines, rid)
+        assert got.tolist() == want.tolist()
+        looks["hit"] += bool(want.any())
+        looks["partial"] += bool(want.any() and not want.all())
+        return got
+
+    r._cached = checked if indexed else scan  # type: ignore[method-assign]
+    holders = r._holders["prefill"]
+    drop = holders.drop
+
+    def dropped(block: int, key: int) -> None:
+        looks["evicted"] += 1
+        drop(block, key)
+
+    holders.drop = dropped  # type: ignore[method-assign]
+    picks = []
+    place = r._place_prompt
+
+    def recorded(role: str, rid: int) -> tuple[Any, int | None]:
+        engine, rank = place(role, rid)
+        picks.append((rid, engine.name, rank))
+        return engine, rank
+
+    r._place_prompt = recorded  # type: ignore[method-assign]
+    r.result()
+    return picks
+
+
+@pytest.mark.parametrize("host_gb", [0.0, 0.5])
+def test_the_holders_index_routes_as_a_look_into_every_ranks_cache(host_gb: float) -> None:
+    """The prefix-aware router looks only into the ranks its role's holders index names for a
+    prompt's first block; on a seeded replay over three instances of eight ranks, with caches
+    small enough to evict (and a host tier), every look gives what a look into every rank's
+    cache gives, so every routing decision is the same."""
+    shape = AgentxShape(traces=12, root_turns=Lognormal(median=12, sigma=0.5, max=30),
+                        spawn_probability=0.2, max_input=40_000)
+    wl = Workload(arrival=SessionsArrival(concurrency=8, shape=shape, start="turn0",
+                                          sampling="sequential"), requests=200, seed=3)
+    dep = Deployment(model="deepseek-v3", hardware="h200",
+                     prefill=RoleSpec(instances=3, dep=8, host_cache_gb=host_gb),
+                     decode=RoleSpec(dep=8))
+    looks = {"hit": 0, "partial": 0, "evicted": 0}
+    indexed = _routed(dep, wl, True, looks)
+    assert len(indexed) == 200 and indexed == _routed(dep, wl, False, looks)
+    assert looks["hit"] > 100 and looks["partial"] > 100 and looks["evicted"] > 100

@@ -26,6 +26,7 @@ from simulator.cost.step import (
     open_step,
     rank_attention_ms,
 )
+from simulator.des import pricing
 from simulator.des.pricing import StepPricer, pareto_front, round_bits
 from simulator.specs.deployment import RoleSpec, Speculative
 from simulator.specs.hardware import load_hardware
@@ -215,3 +216,48 @@ def test_the_one_point_sparse_attention_roofline_is_the_array_one_bit_for_bit() 
             assert one.shape == (1,) and one[0] == two[0] == two[1]
             assert rf.sparse_attention(hw, b, n, p, params=params, heads=heads,
                                        **kw).shape == ()
+
+
+@pytest.mark.parametrize("columns", [5, 2])
+def test_the_front_of_few_rows_in_python_is_the_numpy_front_bit_for_bit(
+        columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(6)
+    cases = []
+    for _ in range(600):
+        n = int(rng.integers(2, pricing.FEW_ROWS + 1))
+        rows = round_bits(rng.integers(0, 4, (n, columns)) * np.exp(rng.uniform(0, 9, (n, 1))),
+                          6)
+        if rng.random() < 0.5:  # a step's ranks: many repeat the first (padding, idle ranks)
+            rows[rng.random(n) < 0.6] = rows[0]
+        cases.append(rows)
+    few = [pareto_front(rows) for rows in cases]
+    monkeypatch.setattr(pricing, "FEW_ROWS", 0)  # numpy for every size
+    for rows, got in zip(cases, few, strict=True):
+        want = pareto_front(rows)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == want.tobytes()
+
+
+def test_a_grid_query_of_one_point_is_that_point_queried_among_many_bit_for_bit() -> None:
+    """The single-point path (plain floats, math.exp) and the vectorised one (numpy) give the
+    same latency and provenance, so an operation price does not depend on which other points
+    it was priced beside (`simulator.cost.price_cache` prices new points together)."""
+    rng = np.random.default_rng(7)
+    axes = (np.array([1.0, 2.0, 8.0, 64.0, 512.0]), np.array([16.0, 128.0, 1024.0]),
+            np.array([8.0]), np.array([1.0, 4.0]))
+    shape = tuple(len(a) for a in axes)
+    latency = np.exp(rng.normal(size=shape))
+    latency[rng.random(shape) < 0.2] = np.nan
+    pts = np.stack([g.ravel() for g in np.meshgrid(*axes, indexing="ij")], axis=1)
+    keep = ~np.isnan(latency.ravel())
+    grid = Grid.build(pts[keep], latency.ravel()[keep], np.exp(rng.normal(size=int(keep.sum()))))
+    points = np.array([[rng.choice(ax) if rng.random() < 0.4 else
+                        np.exp(rng.uniform(np.log(ax[0]) - 0.5, np.log(ax[-1]) + 0.5))
+                        for ax in axes] for _ in range(500)])
+    roofline = np.exp(rng.uniform(-3, 3, len(points)))
+    for exact in (True, False):
+        many_ms, many_code = grid.query(points, roofline, exact)
+        for i in range(len(points)):
+            one_ms, one_code = grid.query(points[i:i + 1], roofline[i:i + 1], exact)
+            assert one_ms.tobytes() == many_ms[i:i + 1].tobytes(), points[i]
+            assert int(one_code[0]) == int(many_code[i])

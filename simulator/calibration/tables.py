@@ -102,23 +102,35 @@ class Priced:
     roofline)."""
     table: str
     """The table that priced it (system/op/engine/version), or 'roofline'."""
+    codes: np.ndarray | None = None
+    """Each point's provenance (an index into SOURCES) where the pricing knows it point by
+    point; None: `source` for every point. Operation prices kept per point take it, so that
+    a point priced among others keeps its own provenance."""
+
+    def point_codes(self) -> np.ndarray:
+        """Each point's provenance index, `source`'s where no point's own is known."""
+        if self.codes is not None:
+            return np.broadcast_to(self.codes, np.shape(self.ms))
+        return np.full(np.shape(self.ms), SOURCES.index(self.source))
 
     def scaled(self, factor: float | np.ndarray) -> Priced:
-        return Priced(self.ms * factor, self.source, self.table)
+        return Priced(self.ms * factor, self.source, self.table, self.codes)
 
     def transferred(self, own: np.ndarray, roof: np.ndarray) -> Priced:
         """A roofline `own` at the efficiency this price reaches over its own roofline `roof`,
         flagged extrapolated (another kernel's or shape's measurement)."""
         return Priced(own * self.ms / roof,
-                      SOURCES[max(SOURCES.index(self.source), EXTRAPOLATED)], self.table)
+                      SOURCES[max(SOURCES.index(self.source), EXTRAPOLATED)], self.table,
+                      None if self.codes is None else np.maximum(self.codes, EXTRAPOLATED))
 
     @staticmethod
     def total(parts: list[Priced]) -> Priced:
         """Several operations run one after another: their summed time, the least trustworthy
-        provenance among them, and their tables."""
+        provenance among them (point by point), and their tables."""
         tables = list(dict.fromkeys(p.table for p in parts))
-        return Priced(sum((p.ms for p in parts), np.zeros(1)),
-                      SOURCES[max(SOURCES.index(p.source) for p in parts)], " + ".join(tables))
+        ms = sum((p.ms for p in parts), np.zeros(1))
+        codes = np.max([np.broadcast_to(p.point_codes(), ms.shape) for p in parts], axis=0)
+        return Priced(ms, SOURCES[int(codes.max())], " + ".join(tables), codes)
 
 
 def mla_shape_params(hidden: int, q_lora: int, kv_lora: int, nope: int, rope: int,
@@ -373,7 +385,8 @@ class Calibration:
                           "roofline")
         g, floor, label = grid
         ms, codes = g.query(points, roof, exact=floor < EXTRAPOLATED)
-        return Priced(ms, worst(np.maximum(codes, floor)), label)
+        codes = np.maximum(codes, floor)
+        return Priced(ms, worst(codes), label, codes)
 
     # ---- row selection helpers ---------------------------------------------------------------
 

@@ -138,12 +138,12 @@ class _Points:
         self.none = False
         """The operation answered None (no table for it): it does for every point."""
 
-    def add(self, keys: list[bytes], ms: np.ndarray, code: int, table: str) -> None:
+    def add(self, keys: list[bytes], ms: np.ndarray, codes: np.ndarray, table: str) -> None:
         base = len(self.ms)
         for i, k in enumerate(keys):
             self.index[k] = base + i
         self.ms.extend(ms.tolist())
-        self.code.extend([code] * len(keys))
+        self.code.extend(codes.tolist())
         self.table.extend([table] * len(keys))
 
 
@@ -213,10 +213,12 @@ class CachedCalibration:
         stored, codes, tables = memo.ms, memo.code, memo.table
         if len(at) == 1:
             i = at[0]
-            return Priced(np.array([stored[i]]).reshape(shape), SOURCES[codes[i]], tables[i])
+            return Priced(np.array([stored[i]]).reshape(shape), SOURCES[codes[i]], tables[i],
+                          np.array([codes[i]]).reshape(shape))
         ms = np.array([stored[i] for i in at]).reshape(shape)
-        return Priced(ms, SOURCES[max(codes[i] for i in at)],
-                      " + ".join(dict.fromkeys(tables[i] for i in at)))
+        point = np.array([codes[i] for i in at]).reshape(shape)
+        return Priced(ms, SOURCES[int(point.max())],
+                      " + ".join(dict.fromkeys(tables[i] for i in at)), point)
 
     def _points(self, name: str, varying: tuple[int, ...], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> _Points:
@@ -279,7 +281,10 @@ class CachedCalibration:
             memo.none = True
             return False
         n = len(keys)
+        # each point's own provenance where the pricing gives it: priced among others, a
+        # point is no less trustworthy than priced alone
         memo.add(keys, np.broadcast_to(np.asarray(got.ms, dtype=float), (n,)).copy(),
-                 SOURCES.index(got.source), got.table)
+                 np.broadcast_to(got.point_codes().ravel() if got.codes is not None
+                                 else SOURCES.index(got.source), (n,)), got.table)
         self.points += n
         return True

@@ -512,16 +512,16 @@ class CSA2(AttentionKind):
             out["indexer"] = scoring
         return out
 
-
     def _mega(self, cal: Calibration, context: bool, inst: Instance, batch: np.ndarray,
               new: np.ndarray, past: np.ndarray) -> dict[str, Priced]:
         """The layer as vLLM runs it under mega attention: its projections as GEMMs at the
         measured GEMM rates (the ones reading the layer's input as one, as vLLM merges
         DeepSeek's q_a and kv_a projections; the grouped output projection as the batched
         GEMM it is, one group's shape over `o_groups` x the tokens: the same FLOPs), a source's
-        compressor, and the one fused attention kernel
-        (`Calibration.dsv41_attention`); the indexer's scoring is priced apart. None of the
-        unfused module's norm, RoPE and cast kernels remain."""
+        compressor, and the one fused attention kernel (`Calibration.dsv41_attention`); the
+        indexer's scoring is priced apart. None of the unfused module's norm, RoPE and cast
+        kernels remain; the one small kernel before the fused one (the query's padding and the
+        new KV entry's insert) is not priced apart."""
         from simulator.calibration.tables import Priced
 
         m = inst.model

@@ -29,6 +29,7 @@ from simulator.specs.attention import DSV4, DSV4_ENTRY_BYTES, INDEXER_KEY_BYTES
 from simulator.specs.attention import kind as kind_of
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec
+from simulator.specs.memo import per_object
 from simulator.specs.model import load_model
 from simulator.specs.topology import all_to_all_rate
 
@@ -163,13 +164,8 @@ def _v4_instance(inst: Instance) -> Instance:
     """`inst` with its V4.1 model's V4 proxy and an fp8 cache, whose measured kernels price its
     layers (the same instance every time for one instance: a V4.1 step asks for it per
     layer kind)."""
-    held = _PROXIES.get(id(inst))
-    if held is None or held[0] is not inst:
-        if len(_PROXIES) >= 1024:
-            _PROXIES.clear()
-        held = _PROXIES[id(inst)] = (inst, replace(inst, model=_v4_proxy(inst.model),
-                                                   kv_cache="fp8"))
-    return held[1]
+    return per_object(_PROXIES, inst,
+                      lambda: replace(inst, model=_v4_proxy(inst.model), kv_cache="fp8"))
 
 
 def _measured_kv(kv_dtype: str) -> tuple[str, int]:

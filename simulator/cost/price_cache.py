@@ -284,7 +284,6 @@ class CachedCalibration:
         # each point's own provenance where the pricing gives it: priced among others, a
         # point is no less trustworthy than priced alone
         memo.add(keys, np.broadcast_to(np.asarray(got.ms, dtype=float), (n,)).copy(),
-                 np.broadcast_to(got.point_codes().ravel() if got.codes is not None
-                                 else SOURCES.index(got.source), (n,)), got.table)
+                 np.broadcast_to(got.point_codes().ravel(), (n,)), got.table)
         self.points += n
         return True

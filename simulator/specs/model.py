@@ -29,6 +29,7 @@ from simulator.specs.attention import (
 from simulator.specs.attention import kind as attention_kind
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import DTYPE_BYTES
+from simulator.specs.memo import per_object
 
 Component = Literal["embedding", "attention", "mhc", "dense_mlp", "routed_experts",
                     "shared_experts", "router", "lm_head", "mtp", "engram", "engram_tables"]
@@ -177,13 +178,8 @@ class ModelSpec(BaseModel):
     def layer_kind_names(self) -> tuple[str, ...]:
         """The attention kind of each decoder layer, in order (MTP excluded)."""
         if self.attention == "dsv41":
-            held = _V41_KINDS.get(id(self))
-            if held is None or held[0] is not self:
-                if len(_V41_KINDS) >= 1024:
-                    _V41_KINDS.clear()
-                held = _V41_KINDS[id(self)] = (self, tuple(_v41_kind(self, i)
-                                                           for i in range(self.layers)))
-            return held[1]
+            return per_object(_V41_KINDS, self, lambda: tuple(_v41_kind(self, i)
+                                                              for i in range(self.layers)))
         return tuple(k for k, n in self.layer_kinds for _ in range(n))
 
     @property

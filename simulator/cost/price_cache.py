@@ -105,8 +105,22 @@ def _v41_kernel(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (_READERS.setdefault(kind.reads, kind), *rest)
 
 
+def _candidates_reach(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """dsv41_indexer(kind, context, inst, batch, new, past) of a re-indexing layer scores at
+    most `candidate_pool` keys: once `past` holds that many records (`reads` x the pool
+    tokens), every new token scores the whole pool and reads as many keys, so every longer
+    past is one point (the same price, bit for bit: the pricing sees `past` only through
+    min(keys, pool) where the new tokens only add keys)."""
+    kind, inst = args[0], args[2]
+    if kind.index != "candidates" or len(args) < 6:
+        return args
+    full = float(kind.reads * inst.model.candidate_pool)
+    return (*args[:5], np.minimum(np.asarray(args[5], dtype=float), full))
+
+
 SAME_PRICE: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
-    "dsv4_module": _window_only, "dsv41_module": _v41_reach, "dsv41_attention": _v41_kernel}
+    "dsv4_module": _window_only, "dsv41_module": _v41_reach, "dsv41_attention": _v41_kernel,
+    "dsv41_indexer": _candidates_reach}
 """Operation -> its arguments with values it prices alike made equal (what the operation
 itself does first), so that they are one point here."""
 

@@ -12,6 +12,7 @@ from simulator.cost import Batch, step_time
 from simulator.cost.price_cache import CachedCalibration
 from simulator.cost.step import instance_from_role
 from simulator.des.pricing import StepPricer, round_bits
+from simulator.specs.attention import kind
 from simulator.specs.deployment import RoleSpec, Speculative
 from simulator.specs.hardware import load_hardware
 from simulator.specs.model import load_model
@@ -137,3 +138,33 @@ def test_the_memo_rounds_to_nearest_significant_bits_ties_to_even(bits: int) -> 
     assert np.array_equal(round_bits(x, bits), expected)
     assert all(round_bits(float(v), bits) == float(r) for v, r in zip(x[::97], expected[::97],
                                                                         strict=True))
+
+
+@pytest.mark.parametrize("context", [False, True])
+def test_a_reindexing_layer_past_its_pool_is_one_point(context: bool) -> None:
+    """A V4.1 re-indexing layer scores at most its candidate pool: every past beyond that many
+    tokens is one remembered point, priced as the direct pricing prices each of them."""
+    hw, m = load_hardware("gb300"), load_model("deepseek-v4.1-flash")
+    cal = load_calibration(hw)
+    cached = CachedCalibration(cal)
+    inst = instance_from_role(m, hw, "prefill" if context else "decode",
+                              RoleSpec(instances=1, dep=8), "fp8", "fp8")
+    reindex = kind("csa2_reindex_r1")
+    pool = float(reindex.reads * m.candidate_pool)
+    new = np.array([512.0 if context else 1.0])
+    first = cached.dsv41_indexer(reindex, context, inst, np.array([4.0]), new,
+                                 np.array([pool + 100]))
+    points = cached.points
+    for past in (pool * 2, pool * 30):
+        got = cached.dsv41_indexer(reindex, context, inst, np.array([4.0]), new,
+                                   np.array([past]))
+        direct = cal.dsv41_indexer(reindex, context, inst, np.array([4.0]), new,
+                                   np.array([past]))
+        assert got is not None and direct is not None and first is not None
+        assert got.ms[0] == direct.ms[0] == first.ms[0]
+        assert got.source == direct.source
+    assert cached.points == points
+    # below the pool the past still counts
+    short = cached.dsv41_indexer(reindex, context, inst, np.array([4.0]), new,
+                                 np.array([pool / 4]))
+    assert short is not None and short.ms[0] < first.ms[0]

@@ -44,10 +44,14 @@ screenshots: $(STAMP) browser
 demo: $(STAMP)
 	$(BIN)/rackplan search
 
+# The suite on TEST_WORKERS processes: a file's tests stay on one worker, and every file that
+# starts real engines on the same one (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: $(STAMP) engine browser postgres
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV)

@@ -43,4 +43,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             path = nodeid.split("::", 1)[0]
             return "engine" if path.startswith(ENGINE_FILES) else path
 
+        def _assign_work_unit(self, node: Any) -> None:
+            # the engine files first: the longest unit (about 12 minutes), which would
+            # otherwise run last (units go out by their number of tests) and alone
+            if "engine" in self.workqueue:
+                self.workqueue.move_to_end("engine", last=False)
+            super()._assign_work_unit(node)
+
     return Files(config, log)

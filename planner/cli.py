@@ -373,6 +373,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     check_range("--gpus", args.gpus, 1, MAX_GPUS, "the largest cluster built")
     check_range("--trials", args.trials, 1, MAX_TRIALS)
     check_range("--batch", args.batch, 1, MAX_BATCH)
+    if args.workers is None:
+        args.workers = defaults.workers(args.batch)
     check_range("--workers", args.workers, 1, MAX_WORKERS, "processes on this machine")
     check_range("--seed", args.seed, 0, MAX_SEED, "numpy's and Optuna's seeds")
     check_range("--max-simulations", args.max_simulations, 1, MAX_TRIALS * MAX_BATCH)
@@ -740,9 +742,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=defaults.BATCH,
                    help="evaluations per round, chosen together; the answer depends on the "
                         f"seed and batch, not on --workers (default {defaults.BATCH})")
-    p.add_argument("--workers", type=int, default=1,
-                   help="local processes evaluating a round's points, at most --batch "
-                        "(default 1)")
+    p.add_argument("--workers", type=int,
+                   help="local processes evaluating a round's points, at most --batch; "
+                        "started at the first round with two simulations (default: the "
+                        "machine's cores, at most --batch)")
     p.add_argument("--seed", type=int, default=0,
                    help="sampler seed; searches sharing a study from several machines each "
                         "need their own (default 0)")

@@ -4,6 +4,7 @@ AgentX traffic at 196 tokens/s per user for 90 % of requests."""
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -26,6 +27,13 @@ TRIALS = 100
 BATCH = 4
 """Evaluations a search round chooses together (planner/search.py: the answer depends on it and
 on the seed, not on the workers)."""
+
+
+def workers(batch: int) -> int:
+    """A search's worker processes unless told: the cores this process may run on, at most
+    `batch` (a round evaluates no more at once)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, batch))
 STORAGE = "sqlite:///runs/rackplan.db"
 """Optuna storage: an SQLite file under runs/ in the working directory."""
 OUT = "runs/plan.yaml"

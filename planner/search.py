@@ -85,7 +85,7 @@ from simulator.specs.deployment import Deployment
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import dump_deployment, dump_workload
 from simulator.specs.workload import Workload
-from simulator.workers import stop_pool, worker_pool
+from simulator.workers import LazyPool
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 REJECTED_VIOLATION = 1e3
@@ -343,9 +343,10 @@ class Loop:
         """Stop the heartbeat thread."""
         self.beats.close()
 
-    def run(self, progress: Progress | None = None, pool: Executor | None = None) -> None:
+    def run(self, progress: Progress | None = None, pool: LazyPool | None = None) -> None:
         """Run rounds until the study's budget of trials is taken (or `max_simulations`
-        reached), evaluating on `pool` when given, else in this process; then wait for the
+        reached), evaluating on `pool` when given (once a round has two evaluations or more),
+        else in this process; then wait for the
         trials other searches run within the budget (retrying those that go stale)."""
         while self._round(progress, pool) or self._others_running():
             pass
@@ -360,7 +361,7 @@ class Loop:
             time.sleep(WAIT_S)
         return True
 
-    def sweep(self, progress: Progress | None = None, pool: Executor | None = None) -> None:
+    def sweep(self, progress: Progress | None = None, pool: LazyPool | None = None) -> None:
         """Simulate every load of `loads` for the best `curves` deployments found (the closest
         one when none meets the SLOs): each missing point is enqueued as a trial of the study
         (no screen), so the curves live in the study like the rest and a resumed search skips
@@ -403,7 +404,7 @@ class Loop:
         self._waiting = {t.number for t in trials
                          if t.state == TrialState.WAITING and t.number < self.budget}
 
-    def _round(self, progress: Progress | None, pool: Executor | None) -> bool:
+    def _round(self, progress: Progress | None, pool: LazyPool | None) -> bool:
         """One round; False when nothing more is to be asked."""
         self._sync()
         cap, batch = self.config.max_simulations, self.config.batch
@@ -593,13 +594,13 @@ class Loop:
                                                  at_load(self.config.workload, load))
         return self._evaluators[load]
 
-    def _evaluate(self, pending: list[_Pending], pool: Executor | None) -> list[FrozenTrial]:
+    def _evaluate(self, pending: list[_Pending], pool: LazyPool | None) -> list[FrozenTrial]:
         """Evaluate the round's distinct deployments (on the pool when given) and tell every
         pending trial, in the order they were asked."""
         runs = [p for p in pending if p.first is None]
         with self.guard.interruptible():
             outcomes = evaluate_all([(self.evaluator(p.load), p.deployment) for p in runs],
-                                    pool)
+                                    pool.for_tasks(len(runs)) if pool is not None else None)
         by_number = {p.trial.number: o for p, o in zip(runs, outcomes, strict=True)}
         told = []
         for p in pending:
@@ -771,8 +772,9 @@ def run_search(config: SearchConfig, evaluate: Evaluate | None = None,
                progress: Progress | None = None) -> optuna.Study:
     """Run the search until the study holds `config.trials` trials and return its study.
 
-    With workers > 1 a round's evaluations run in that many spawned processes (`evaluate`
-    must then be picklable); the trials are the same as with one.
+    With workers > 1 a round's evaluations run in that many spawned processes, started at the
+    first round with two evaluations or more (`evaluate` must then be picklable); the trials
+    are the same as with one.
     """
     if config.trials < 1:
         raise SpecError(f"--trials={config.trials} must be >= 1")
@@ -786,9 +788,8 @@ def run_search(config: SearchConfig, evaluate: Evaluate | None = None,
     guard = Guard()
     with guard.installed():
         loop = Loop(config, evaluate, guard)
-        pool, done = None, False
+        pool, done = LazyPool(config.workers), False
         try:
-            pool = worker_pool(config.workers) if config.workers > 1 else None
             loop.run(progress, pool)
             if config.loads:
                 loop.sweep(progress, pool)
@@ -799,6 +800,5 @@ def run_search(config: SearchConfig, evaluate: Evaluate | None = None,
             raise Interrupted(kept, redact(config.storage)) from None
         finally:
             loop.close()
-            if pool is not None:
-                stop_pool(pool, kill=not done)
+            pool.stop(kill=not done)
     return loop.study

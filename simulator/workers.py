@@ -42,6 +42,30 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     return pool
 
 
+class LazyPool:
+    """`worker_pool(workers)`, started only when a batch of two tasks or more asks for it: until
+    then (or with one worker) tasks run in the asking process, so that a small search pays no
+    process start-up (about a second each)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.pool: ProcessPoolExecutor | None = None
+
+    def for_tasks(self, tasks: int) -> ProcessPoolExecutor | None:
+        """The pool to run `tasks` tasks on, started now if need be; None: run them here."""
+        if self.pool is None and (self.workers < 2 or tasks < 2):
+            return None
+        if self.pool is None:
+            self.pool = worker_pool(self.workers)
+        return self.pool
+
+    def stop(self, kill: bool = False) -> None:
+        """`stop_pool` of the pool, if it was started."""
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            stop_pool(pool, kill)
+
+
 def stop_pool(pool: ProcessPoolExecutor, kill: bool = False) -> None:
     """Shut the pool down; with `kill` (the search was interrupted) its processes are killed
     first, their evaluations not awaited."""

@@ -27,13 +27,6 @@ TRIALS = 100
 BATCH = 4
 """Evaluations a search round chooses together (planner/search.py: the answer depends on it and
 on the seed, not on the workers)."""
-
-
-def workers(batch: int) -> int:
-    """A search's worker processes unless told: the cores this process may run on, at most
-    `batch` (a round evaluates no more at once)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cores or 1, batch))
 STORAGE = "sqlite:///runs/rackplan.db"
 """Optuna storage: an SQLite file under runs/ in the working directory."""
 OUT = "runs/plan.yaml"
@@ -58,3 +51,10 @@ def load_workload_arg(value: str | None) -> Workload:
     text = resources.files("planner").joinpath(f"presets/{name}.yaml")
     with resources.as_file(text) as path:
         return load_workload(path)
+
+
+def workers(batch: int) -> int:
+    """A search's worker processes unless told: the cores this process may run on, at most
+    `batch` (a round evaluates no more at once)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, batch))

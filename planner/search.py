@@ -346,8 +346,8 @@ class Loop:
     def run(self, progress: Progress | None = None, pool: LazyPool | None = None) -> None:
         """Run rounds until the study's budget of trials is taken (or `max_simulations`
         reached), evaluating on `pool` when given (once a round has two evaluations or more),
-        else in this process; then wait for the
-        trials other searches run within the budget (retrying those that go stale)."""
+        else in this process; then wait for the trials other searches run within the budget
+        (retrying those that go stale)."""
         while self._round(progress, pool) or self._others_running():
             pass
 

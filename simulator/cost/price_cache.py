@@ -68,6 +68,11 @@ tokens, batch, context, bytes); every other argument is fixed for a grid. Method
 are passed through to the wrapped calibration."""
 
 
+def _past_at_most(args: tuple[Any, ...], most: float) -> tuple[Any, ...]:
+    """(kind, context, inst, batch, new, past) with `past` clamped to `most` tokens."""
+    return (*args[:5], np.minimum(np.asarray(args[5], dtype=float), most))
+
+
 def _window_only(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """dsv4_module(kind, context, inst, batch, new, past) of a sliding-window-only layer
     (ratio 0) reads its window whatever the context: dsv4_module clamps `past` to it first, so
@@ -75,8 +80,7 @@ def _window_only(args: tuple[Any, ...]) -> tuple[Any, ...]:
     kind, inst = args[0], args[2]
     if getattr(kind, "ratio", None) != 0 or len(args) < 6:
         return args
-    window = inst.model.sliding_window
-    return (*args[:5], np.minimum(np.asarray(args[5], dtype=float), window))
+    return _past_at_most(args, inst.model.sliding_window)
 
 
 def _v41_reach(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -88,9 +92,7 @@ def _v41_reach(args: tuple[Any, ...]) -> tuple[Any, ...]:
     m = inst.model
     reach = (m.sliding_window if not kind.reads
              else None if context else max(kind.reads * m.sparse_topk, m.sliding_window))
-    if reach is None:
-        return args
-    return (*args[:5], np.minimum(np.asarray(args[5], dtype=float), reach))
+    return args if reach is None else _past_at_most(args, reach)
 
 
 _READERS: dict[int, Any] = {}
@@ -114,8 +116,7 @@ def _candidates_reach(args: tuple[Any, ...]) -> tuple[Any, ...]:
     kind, inst = args[0], args[2]
     if kind.index != "candidates" or len(args) < 6:
         return args
-    full = float(kind.reads * inst.model.candidate_pool)
-    return (*args[:5], np.minimum(np.asarray(args[5], dtype=float), full))
+    return _past_at_most(args, float(kind.reads * inst.model.candidate_pool))
 
 
 SAME_PRICE: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {

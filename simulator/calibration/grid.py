@@ -14,16 +14,16 @@ import functools
 import math
 from dataclasses import dataclass
 from itertools import product
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from scipy.spatial import cKDTree
 
 MEASURED, INTERPOLATED, EXTRAPOLATED, ROOFLINE = 0, 1, 2, 3
 SOURCES = ("measured", "interpolated", "extrapolated", "roofline")
 """Provenance of a price, best first; an array of codes indexes this tuple."""
+
+NEAREST_CHUNK = 1 << 20
+"""Query x measured-cell distances computed at once by the nearest-cell search (8 MB per
+axis); a table holds a few thousand measured cells, so a step's queries take one pass."""
 
 
 def worst(codes: np.ndarray | int) -> str:
@@ -42,16 +42,26 @@ class Grid:
     log_eff: np.ndarray
     """log(roofline ms / measured ms) per cell; NaN where nothing was measured."""
     cells: tuple[np.ndarray, ...]
-    """Grid indices of the measured cells, aligned with the tree's points."""
+    """Grid indices of the measured cells (one array per axis, aligned)."""
 
     @functools.cached_property
-    def tree(self) -> cKDTree:
-        """Measured cells in log-axis space, for nearest-point fallback (built, and scipy
-        imported, on the first query that needs it)."""
-        from scipy.spatial import cKDTree
+    def _cell_logs(self) -> np.ndarray:
+        """The measured cells in log-axis space (cells x axes)."""
+        return np.stack([np.log(self.axes[j][c]) for j, c in enumerate(self.cells)], axis=1)
 
-        coords = np.stack([np.log(self.axes[j][c]) for j, c in enumerate(self.cells)], axis=1)
-        return cKDTree(coords)
+    def nearest(self, log_points: np.ndarray) -> np.ndarray:
+        """Per query (rows of log-axis coordinates): the index, into `cells`, of the measured
+        cell nearest to it in log-axis space (Euclidean; on a tie the first). A direct search:
+        a table holds a few thousand measured cells, and a tree would cost more to import and
+        build than the few queries that fall back to it."""
+        coords = self._cell_logs
+        q = np.atleast_2d(np.asarray(log_points, dtype=float))
+        rows = max(NEAREST_CHUNK // max(len(coords), 1), 1)
+        out = np.empty(len(q), dtype=np.intp)
+        for s in range(0, len(q), rows):
+            d2 = ((q[s:s + rows, None, :] - coords[None, :, :]) ** 2).sum(axis=2)
+            out[s:s + rows] = np.argmin(d2, axis=1)
+        return out
 
     @functools.cached_property
     def _log_axes(self) -> tuple[np.ndarray, ...]:
@@ -121,7 +131,7 @@ class Grid:
         if wsum > 1e-12:
             log_eff = acc / wsum
         else:  # no measured corner: nearest measured cell in log space
-            _, nearest = self.tree.query(np.log(point))
+            nearest = int(self.nearest(np.log(point))[0])
             log_eff = float(self.log_eff[tuple(c[nearest] for c in self.cells)])
             code = EXTRAPOLATED
         ms = roofline / math.exp(log_eff)
@@ -213,7 +223,7 @@ class Grid:
         have = wsum > 1e-12
         log_eff[have] = acc[have] / wsum[have]
         if (~have).any():  # no measured corner: nearest measured cell in log space
-            _, nearest = self.tree.query(np.log(points[~have]))
+            nearest = self.nearest(np.log(points[~have]))
             cell = tuple(c[nearest] for c in self.cells)
             log_eff[~have] = self.log_eff[cell]
             code[~have] = EXTRAPOLATED

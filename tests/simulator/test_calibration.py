@@ -214,6 +214,26 @@ def test_a_single_point_query_prices_as_the_batched_query_does() -> None:
             assert (code == np.concatenate([o[1] for o in one])).all()
 
 
+def test_a_query_with_no_measured_corner_takes_the_nearest_measured_cell(monkeypatch) -> None:
+    """Sparse tables: the nearest measured cell in log-axis space, as a k-d tree finds it
+    (compared by distance, so a tie may pick either cell), also across search chunks."""
+    from scipy.spatial import cKDTree
+
+    from simulator.calibration import grid as grid_module
+
+    rng = np.random.default_rng(1)
+    for d in (1, 2, 3, 4):
+        pts = np.round(np.exp(rng.uniform(0, 6, (80, d)))) + 1
+        grid = Grid.build(pts, rng.uniform(0.1, 2, 80), np.ones(80))
+        cells = grid._cell_logs
+        logs = rng.uniform(-1, 7, (500, d))
+        want, _ = cKDTree(cells).query(logs)
+        for chunk in (grid_module.NEAREST_CHUNK, 7 * len(cells)):  # one pass, several
+            monkeypatch.setattr(grid_module, "NEAREST_CHUNK", chunk)
+            got = grid.nearest(logs)
+            assert np.allclose(np.linalg.norm(cells[got] - logs, axis=1), want, rtol=1e-12)
+
+
 def test_a_dtype_the_table_lacks_keeps_the_measured_kernels_efficiency():
     """SGLang's wide-EP expert table measured only fp8; fp4 experts are priced at fp8's
     fraction of the fp4 roofline, so a memory-bound decode reads half the bytes in about half

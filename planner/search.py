@@ -75,6 +75,7 @@ from planner.storage import (
     fail_stale,
     open_storage,
     open_study,
+    predictor_digest,
     redact,
     retried,
     retry,
@@ -198,7 +199,7 @@ class SearchConfig:
             return self.study
         defining = {"space": self.space.describe(), "workload": dump_workload(self.workload),
                     "slos": [str(s) for s in self.slos], "screen": self.screen,
-                    "gate": [self.slack, self.margin]}
+                    "gate": [self.slack, self.margin], "predictor": predictor_digest()}
         if self.loads:
             defining["loads"] = list(self.loads)
         s = self.space

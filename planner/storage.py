@@ -5,7 +5,10 @@ Storage URLs: an Optuna RDB URL (``sqlite:///runs/rackplan.db``, ``postgresql://
 JournalFileBackend) that processes on one file system share. The default is an SQLite file under
 ``runs/`` in the working directory, created when missing. A study's default name is derived from
 everything that defines the search (model, hardware, GPUs, objective, and a hash of the space,
-workload and SLOs), so running the same search again resumes it.
+workload, SLOs and the predictor: rackplan's own sources and data and the versions of the
+packages its numbers come from), so running the same search again with the same rackplan
+resumes it, while another version of rackplan starts a study of its own instead of mixing its
+predictions with the old ones.
 
 A search that dies leaves its trials RUNNING. Every trial carries its owner (host and process
 id), and the search keeps the trials it holds alive with a heartbeat (Optuna's own for RDB
@@ -18,6 +21,7 @@ this host is gone, or once it has not beaten for `GRACE_S` (its owner elsewhere)
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import json
@@ -28,6 +32,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -142,6 +147,32 @@ def redact(url: str) -> str:
         user = cred.split(":", 1)[0]
         return f"{scheme}://{user}:***@{host}" if ":" in cred else url
     return url
+
+
+PREDICTOR_PACKAGES = ("aiconfigurator-core", "numpy", "optuna", "simpy")
+"""Packages whose versions move a search's answer (measured tables, arithmetic, the sampler,
+the event loop)."""
+PREDICTOR_CODE = ("simulator", "planner")
+"""Folders whose sources and data (presets, fits) make the predictions and the search."""
+
+
+@functools.cache
+def predictor_digest() -> str:
+    """A digest of what a search's numbers come from: the sources and data files under
+    PREDICTOR_CODE and the versions of PREDICTOR_PACKAGES."""
+    h = hashlib.sha256()
+    for pkg in PREDICTOR_PACKAGES:
+        try:
+            h.update(f"{pkg}={metadata.version(pkg)};".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{pkg}=none;".encode())
+    root = Path(__file__).resolve().parents[1]
+    for folder in PREDICTOR_CODE:
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix in (".py", ".json", ".yaml", ".csv", ".md") and path.is_file():
+                h.update(str(path.relative_to(root)).encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def study_name(model: str, hardware: str, gpus: int, objective: str,

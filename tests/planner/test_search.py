@@ -102,6 +102,19 @@ def test_a_resumed_study_continues_its_trial_count(tmp_path):
     assert run_search(config(tmp_path, trials=9), evaluate=spy).trials == trials  # done
 
 
+def test_another_predictor_starts_its_own_study(tmp_path, monkeypatch):
+    """The same search resumes only with the same rackplan: a study holds one predictor's
+    numbers, never a mix of two versions' (a changed source file is another predictor)."""
+    import planner.storage
+
+    cfg = config(tmp_path)
+    same = cfg.study_name()
+    assert config(tmp_path).study_name() == same
+    changed = planner.storage.predictor_digest()[::-1]
+    monkeypatch.setattr("planner.search.predictor_digest", lambda: changed)
+    assert cfg.study_name() != same
+
+
 def test_a_planted_best_configuration_is_found(tmp_path):
     target = {"prefill_dep": 8, "decode_dep": 16, "max_num_seqs": 64, "mtp": 1}
     fake = Planted(target)

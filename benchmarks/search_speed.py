@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.planner.fakes
 
+from planner.objectives import metric_value
 from planner.plan import describe, summarize
 from planner.search import SearchConfig, finished, records, run_search
 from planner.space import build_space
@@ -117,7 +118,7 @@ def demo_once() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(printed):
         start, wall = cpu_s(), time.perf_counter()
         cli(["search", "--storage", f"sqlite:///{folder}/demo.db", "--out",
-             f"{folder}/plan.yaml", "--json"])
+             f"{folder}/plan.yaml", "--workers", "1", "--json"])  # simulations counted here
         cpu, wall = cpu_s() - start, time.perf_counter() - wall
     steps = sum(s[1] for s in sims)
     return {"cpu_s": cpu, "wall_s": wall, "simulations": len(sims),
@@ -132,8 +133,9 @@ def chosen(search: dict[str, Any]) -> str:
     if not best:
         return "no plan meets the SLOs"
     m = best["metrics"]
+    slow = metric_value(m, "tok_s_user_p90")  # the SLO's sense: 90 % of requests at least
     return (f"{describe(best['deployment'])}: {m['throughput_tok_s_gpu']:,.0f} tok/s/GPU, "
-            f"{m['tok_s_user']['p90']:,.1f} tok/s/user p90, TTFT p90 "
+            f"{slow or 0:,.1f} tok/s/user for 90 % of requests, TTFT p90 "
             f"{m['ttft_ms']['p90']:,.0f} ms")
 
 

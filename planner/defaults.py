@@ -23,7 +23,7 @@ SLOS = (SLO("tok_s_user_p90", 196.0), SLO("ttft_p90_ms", 3000.0))
 """90 % of requests at >= 196 tokens/s per user (the report's P90), and P90 TTFT <= 3 s so
 that no plan wins by letting requests queue."""
 TRIALS = 100
-"""Trials of the default search (the demo: about two minutes on two cores, docs/speed.md)."""
+"""Trials of the default search (the demo: under a minute on two cores, docs/speed.md)."""
 BATCH = 4
 """Evaluations a search round chooses together (planner/search.py: the answer depends on it and
 on the seed, not on the workers)."""

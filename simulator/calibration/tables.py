@@ -435,6 +435,14 @@ class Calibration:
         got = self._price(grid, pts, rf.gemm(hw, m, n, k, dtype), 0.6)
         return got.scaled(~idle) if idle.any() else got
 
+    def gemm_chain(self, m: np.ndarray | float,
+                   shapes: tuple[tuple[int, int, int, str], ...]) -> Priced:
+        """GEMMs that run one after another on the same rows, summed (`Priced.total`): for
+        each (rows per row of `m`, n, k, dtype) of `shapes`, [m x rows, k] x [k, n]. One
+        operation for the price cache, which keeps the sum per point instead of each GEMM's."""
+        m = np.atleast_1d(np.asarray(m, dtype=float))
+        return Priced.total([self.gemm(m * rows, n, k, dtype) for rows, n, k, dtype in shapes])
+
     def moe(self, tokens: np.ndarray | float, hidden: int, inter: int, topk: int, experts: int,
             ep: int, dtype: str, tp: int = 1) -> Priced:
         """MoE grouped GEMM on one rank; `tokens` = tokens over the EP group, balanced.

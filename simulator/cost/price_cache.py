@@ -45,6 +45,7 @@ _SCALARS = frozenset((int, float, str, bool, type(None)))
 
 VARYING: dict[str, tuple[int, ...]] = {
     "gemm": (0,),
+    "gemm_chain": (0,),
     "moe": (0,),
     "moe_wideep": (0,),
     "mega_moe": (0,),

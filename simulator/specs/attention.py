@@ -522,7 +522,6 @@ class CSA2(AttentionKind):
         indexer's scoring is priced apart. None of the unfused module's norm, RoPE and cast
         kernels remain; the one small kernel before the fused one (the query's padding and the
         new KV entry's insert) is not priced apart."""
-        from simulator.calibration.tables import Priced
 
         m = inst.model
         tokens = batch * new
@@ -532,20 +531,18 @@ class CSA2(AttentionKind):
         # the indexer's stay whole on every rank
         n, groups = max(m.num_attention_heads // inst.tp, 1), max(m.o_groups // inst.tp, 1)
         indexed = self.index != "none"
-        gemms = [cal.gemm(tokens, m.q_lora_rank + d + (m.index_n_heads if indexed else 0), h,
-                          dtype),
-                 cal.gemm(tokens, n * d, m.q_lora_rank, dtype),
-                 cal.gemm(tokens * groups, m.o_lora_rank, n * d // groups, dtype),
-                 cal.gemm(tokens, h, groups * m.o_lora_rank, dtype)]
+        shapes = [(1, m.q_lora_rank + d + (m.index_n_heads if indexed else 0), h, dtype),
+                  (1, n * d, m.q_lora_rank, dtype),
+                  (groups, m.o_lora_rank, n * d // groups, dtype),
+                  (1, h, groups * m.o_lora_rank, dtype)]
         if indexed:
-            gemms.append(cal.gemm(tokens, m.index_n_heads * m.index_head_dim, m.q_lora_rank,
-                                  dtype))
-        out = {"projections": Priced.total(gemms),
+            shapes.append((1, m.index_n_heads * m.index_head_dim, m.q_lora_rank, dtype))
+        out = {"projections": cal.gemm_chain(tokens, tuple(shapes)),
                "attention": cal.dsv41_attention(self, context, inst, batch, new, past)}
         if self.owns:  # as the cut layer's compressor in prefill (cost/step.py)
-            out["compressor"] = Priced.total([
-                cal.gemm(tokens, d * (2 if self.reads > 1 else 1), h, "bf16"),
-                cal.gemm(tokens, m.index_head_dim, d, "bf16")])
+            out["compressor"] = cal.gemm_chain(tokens, (
+                (1, d * (2 if self.reads > 1 else 1), h, "bf16"),
+                (1, m.index_head_dim, d, "bf16")))
         return out
 
 

@@ -239,6 +239,29 @@ def test_mega_attention_prices_blackwell_decode():
             if k.startswith("attention.csa2_reuse_r2.")} == {"module"}
 
 
+def test_a_mega_attention_layers_projections_are_its_gemms_one_after_another():
+    """The projections of a decode layer under mega attention: the merged input projection
+    (q_a, kv_a and the index weights), q_b, the grouped output projection as one batched GEMM
+    over o_groups x the tokens, o_b, and the indexer's query projection, each at the GEMM
+    table's rate, summed with their provenance (one operation, `gemm_chain`, for the price
+    cache)."""
+    cal = load_calibration(GB300, "vllm")
+    m, tokens = V41, np.array([8.0 * 6, 64.0 * 6])  # 8 and 64 requests a rank, 5 drafts each
+    h, d, g = m.hidden, m.head_dim, m.o_groups
+    gemms = [cal.gemm(tokens, m.q_lora_rank + d + m.index_n_heads, h, "fp8"),
+             cal.gemm(tokens, m.num_attention_heads * d, m.q_lora_rank, "fp8"),
+             cal.gemm(tokens * g, m.o_lora_rank, m.num_attention_heads * d // g, "fp8"),
+             cal.gemm(tokens, h, g * m.o_lora_rank, "fp8"),
+             cal.gemm(tokens, m.index_n_heads * m.index_head_dim, m.q_lora_rank, "fp8")]
+    got = kind("csa2_source_r2").decode(cal, _inst(), tokens, np.full(2, 65536.0))
+    want = sum(p.ms for p in gemms)
+    assert got["projections"].ms.tolist() == want.tolist()
+    assert got["projections"].table == gemms[0].table
+    assert got["projections"].source == max((p.source for p in gemms),
+                                            key=("measured", "interpolated", "extrapolated",
+                                                 "roofline").index)
+
+
 def test_a_v41_layer_priced_from_remembered_v4_points_is_the_fresh_price():
     """`dsv41_module` remembers the V4 module price it transfers per points: a price that finds
     it there is the price of a calibration that has never seen the point, bit for bit."""

@@ -32,7 +32,6 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +43,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from planner.defaults import STORAGE
+from simulator.calibration.cache import code_digest
 from simulator.specs.errors import SpecError
 from simulator.specs.paths import writable
 
@@ -160,19 +160,10 @@ PREDICTOR_CODE = ("simulator", "planner")
 def predictor_digest() -> str:
     """A digest of what a search's numbers come from: the sources and data files under
     PREDICTOR_CODE and the versions of PREDICTOR_PACKAGES."""
-    h = hashlib.sha256()
-    for pkg in PREDICTOR_PACKAGES:
-        try:
-            h.update(f"{pkg}={metadata.version(pkg)};".encode())
-        except metadata.PackageNotFoundError:
-            h.update(f"{pkg}=none;".encode())
     root = Path(__file__).resolve().parents[1]
-    for folder in PREDICTOR_CODE:
-        for path in sorted((root / folder).rglob("*")):
-            if path.suffix in (".py", ".json", ".yaml", ".csv", ".md") and path.is_file():
-                h.update(str(path.relative_to(root)).encode())
-                h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+    files = [p for folder in PREDICTOR_CODE for p in sorted((root / folder).rglob("*"))
+             if p.suffix in (".py", ".json", ".yaml", ".csv", ".md") and p.is_file()]
+    return code_digest(PREDICTOR_PACKAGES, files, root)[:16]
 
 
 def study_name(model: str, hardware: str, gpus: int, objective: str,

@@ -84,21 +84,27 @@ def describe(obj: Any) -> str:
     raise Uncacheable(f"{name} has no stable description")
 
 
-@functools.cache
-def _code_digest() -> str:
-    """Package versions and a digest of the calibration and spec sources."""
+def code_digest(packages: Iterable[str], files: Iterable[Path], root: Path) -> str:
+    """A digest of the installed versions of `packages` and of each of `files` (its path
+    under `root` and its bytes), in the order given."""
     h = hashlib.sha256()
-    for pkg in _PACKAGES:
+    for pkg in packages:
         try:
             h.update(f"{pkg}={metadata.version(pkg)};".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{pkg}=none;".encode())
-    root = Path(__file__).resolve().parents[2]
-    for folder in _CODE:
-        for path in sorted((root / folder).glob("*.py")):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
+    for path in files:
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
+
+
+@functools.cache
+def _code_digest() -> str:
+    """Package versions and a digest of the calibration and spec sources."""
+    root = Path(__file__).resolve().parents[2]
+    return code_digest(_PACKAGES, [p for folder in _CODE
+                                   for p in sorted((root / folder).glob("*.py"))], root)
 
 
 def _sources(files: Iterable[Path]) -> str:

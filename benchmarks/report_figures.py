@@ -148,9 +148,10 @@ def _prefill(s: Subject, dep: int, key: str) -> float:
     return float(_PREFILL_RUNS[s.model, dep][key])
 
 
-RACK_LAYOUTS = ((20, 2), (12, 3))
-"""(prefill DEP2 instances, decode DEP16 instances) of the rack layouts tried: all 72 GPUs, the
-report's DEP2 prefill, decode at 256 sequences per rank with the model's draft tokens."""
+RACK_LAYOUTS = ((20, 2, 16), (12, 3, 16), (20, 1, 32))
+"""(prefill DEP2 instances, decode instances, decode DEP) of the rack layouts tried: all 72
+GPUs, the report's DEP2 prefill, decode at 256 sequences per rank with the model's draft tokens
+and one redundant expert per decode rank (EPLB); DEP32 is the decode size the report times."""
 RACK_ROUTERS = ("session_affinity",)
 """Prefill router policies tried (the report does not say which it ran; prefix_aware served
 fewer tokens at every point of 2026-12-02's runs)."""
@@ -160,21 +161,22 @@ RACK_SPEED = 196.0
 _RACK: dict[str, Any] = {}
 
 
-def _rack_point(point: tuple[Subject, int, int, str, int]) -> dict[str, Any]:
+def _rack_point(point: tuple[Subject, int, int, int, str, int]) -> dict[str, Any]:
     from simulator.des import simulate
     from simulator.specs.deployment import Deployment, Precision, RoleSpec, Speculative
     from simulator.specs.workload import SessionsArrival, Workload
 
-    s, prefill, decode, router, lanes = point
+    s, prefill, decode, dep, router, lanes = point
     d = Deployment(model=s.model, hardware="gb300", gpus=72,
                    precision=Precision(weights="fp4", kv_cache=s.kv_cache, indexer_cache="fp4"),
                    prefill=RoleSpec(instances=prefill, dep=2, max_num_batched_tokens=16384,
                                     router=router),
-                   decode=RoleSpec(instances=decode, dep=16, max_num_seqs=256,
-                                   redundant_experts=16, speculative=Speculative(**s.draft)))
+                   decode=RoleSpec(instances=decode, dep=dep, max_num_seqs=256,
+                                   redundant_experts=dep, speculative=Speculative(**s.draft)))
     m = simulate(d, Workload(arrival=SessionsArrival(concurrency=lanes),
                              requests=3 * lanes)).metrics()
-    return {"prefill": prefill, "decode": decode, "router": router, "lanes": lanes, **m}
+    return {"prefill": prefill, "decode": decode, "dep": dep, "router": router, "lanes": lanes,
+            **m}
 
 
 def _rack(s: Subject) -> float | None:
@@ -185,14 +187,14 @@ def _rack(s: Subject) -> float | None:
     from planner.objectives import metric_value
 
     if s.model not in _RACK:
-        points = [(s, p, d, r, n) for p, d in RACK_LAYOUTS for r in RACK_ROUTERS
+        points = [(s, p, d, dep, r, n) for p, d, dep in RACK_LAYOUTS for r in RACK_ROUTERS
                   for n in RACK_LOADS]
         with ProcessPoolExecutor(max_workers=2) as pool:
             runs = list(pool.map(_rack_point, points))
         for r in runs:
             speed = metric_value(r, "tok_s_user_p90") or 0.0
             print(f"  {s.model} rack P {r['prefill']}xDEP2 ({r['router']}) + D "
-                  f"{r['decode']}xDEP16, {r['lanes']} lanes: "
+                  f"{r['decode']}xDEP{r['dep']}, {r['lanes']} lanes: "
                   f"{r['throughput_tok_s_gpu']:,.0f} tok/s/GPU, 90 % of requests >= "
                   f"{speed:.0f} tok/s, TTFT p90 {r['ttft_ms']['p90'] / 1e3:.1f} s, cache hits "
                   f"{r['cache_hit_share']:.1%}", file=sys.stderr, flush=True)
@@ -265,8 +267,8 @@ FIGURES = [
            "assumed), the general decode path; the report's specialised path has no table"),
     Figure("rack: tok/s/GPU at P90 196 tok/s/user", 954_000, "tok/s/GPU", _rack,
            lambda s: "benchmarks/report_figures.py (rack layouts x loads, agentx sessions)",
-           "best of P 20/12 x DEP2 + D 2/3 x DEP16, session_affinity, 2,048 / 3,072 / 4,096 "
-           "lanes"),
+           "best of P 20/12 x DEP2 + D 2/3 x DEP16 and P 20 x DEP2 + D 1 x DEP32, "
+           "session_affinity, 2,048 / 3,072 / 4,096 lanes"),
 ]
 
 

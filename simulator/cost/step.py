@@ -230,14 +230,30 @@ def prefix_rewind(inst: Instance) -> int:
     return inst.model.sliding_window if bounded_replay(inst) else 0
 
 
-def _tail(inst: Instance, tokens: np.ndarray, pre_tok: np.ndarray,
-          pre_req: np.ndarray) -> np.ndarray | None:
+def _replays(inst: Instance, tokens: np.ndarray, pre_tok: np.ndarray) -> bool:
+    """Whether a step with `tokens` (of which `pre_tok` prompt tokens) on each rank runs the
+    bounded replay: decided for the step, every rank alike (lock-step DP ranks run the same
+    graph mode)."""
+    return bounded_replay(inst) and bool(pre_tok.any()) and (
+        inst.role == "prefill" or float(tokens.max()) >= REPLAY_TRIM_MIN_TOKENS)
+
+
+def step_replays(inst: Instance, batch: Batch) -> bool:
+    """`_replays` of a whole step (the decision a rank's attention in it depends on besides its
+    own row: `rank_attention_ms`'s `replay`)."""
+    dec_b, _, pre_tok, _, _ = _rank_columns(batch, inst.dp)
+    return _replays(inst, dec_b * (1 + inst.spec_tokens) + pre_tok, pre_tok)
+
+
+def _tail(inst: Instance, tokens: np.ndarray, pre_tok: np.ndarray, pre_req: np.ndarray,
+          replay: bool | None = None) -> np.ndarray | None:
     """Prompt tokens per rank the layers from `replay_from` on compute in this step: each
     prompt chunk's last `sliding_window` tokens (the causal encoder-decoder's bounded replay;
-    V4.1); None when every layer computes every token."""
+    V4.1); None when every layer computes every token. `replay`: the step's decision when
+    these ranks are not the whole step (else taken from them)."""
     m = inst.model
-    if not bounded_replay(inst) or not pre_tok.any() or (
-            inst.role != "prefill" and float(tokens.max()) < REPLAY_TRIM_MIN_TOKENS):
+    if not (_replays(inst, tokens, pre_tok) if replay is None
+            else replay and bounded_replay(inst)):
         return None
     isl = pre_tok / np.maximum(pre_req, 1)
     out: np.ndarray = pre_req * np.minimum(isl, m.sliding_window)
@@ -358,12 +374,14 @@ def _rank_columns(batch: Batch, dp: int) -> tuple[np.ndarray, np.ndarray, np.nda
             _per_rank(batch.prefill_context, dp))
 
 
-def rank_attention_ms(inst: Instance, batch: Batch, cal: Calibration) -> np.ndarray:
-    """Each DP rank's ms of every attention layer for `batch` (the step waits for the
-    largest)."""
+def rank_attention_ms(inst: Instance, batch: Batch, cal: Calibration,
+                      replay: bool | None = None) -> np.ndarray:
+    """Each rank's ms of every attention layer for `batch` (the step waits for the largest).
+    A rank's depends on its own row and on the step's `replay` decision (`step_replays`),
+    given when the rows are not one whole step."""
     cols = _rank_columns(batch, inst.dp)
     dec_b, _, pre_tok, pre_req, _ = cols
-    tail = _tail(inst, dec_b * (1 + inst.spec_tokens) + pre_tok, pre_tok, pre_req)
+    tail = _tail(inst, dec_b * (1 + inst.spec_tokens) + pre_tok, pre_tok, pre_req, replay)
     return _attention(inst, cal, *cols, _Ledger(), tail)
 
 

@@ -35,6 +35,10 @@ from simulator.des.runs import MAX_RUN, Run, delay_to
 from simulator.des.slots import DecodeSlots
 from simulator.specs.deployment import ADP_BALANCE_TIMEOUT_STEPS, RoleSpec
 
+WAITS_HELD = 4_096
+"""Distinct sampled steps an engine keeps before pricing their DP waits together (the memory
+they hold stays bounded however long the run)."""
+
 
 class Sink(Protocol):
     """Where an engine hands requests on (the run's pipeline)."""
@@ -86,6 +90,8 @@ class Engine:
         """Whether `poke` ends the run at its step in progress."""
         self._steps = 0
         """Steps priced so far (every `dp_wait_every`-th also prices the DP wait)."""
+        self._waits: dict[bytes, tuple[np.ndarray, list[int]]] = {}
+        """Sampled steps whose DP wait is not priced yet: rows -> (rows, [times sampled])."""
         self.rewind = prefix_rewind(pricer.instance)
         """Tokens of each prefix-cache hit computed again (`prefix_rewind`)."""
         self._process = self.env.process(self._loop())
@@ -178,14 +184,29 @@ class Engine:
 
     def _dp_wait(self, plan: StepPlan, steps: int) -> None:
         """Count `steps` steps of `plan`, and for the first and every `dp_wait_every`-th after
-        it among them, price how long its ranks wait for the one with the most attention
-        work."""
+        it among them, keep its ranks' rows to price how long they wait for the one with the
+        most attention work. The wait is a metric the run does not depend on, so the kept
+        steps are priced together, WAITS_HELD at a time and at the end (`settle_dp_waits`)."""
         every, first = self.shared.dp_wait_every, self._steps
         sampled = (first + steps - 1) // every - (first - 1) // every  # multiples of `every`
         self._steps += steps
-        self.shared.recorder.dp_step(self.name, self.pricer.attention_wait(
-            plan.decode_requests, plan.decode_context, plan.tokens, plan.requests,
-            plan.context) if sampled else None, steps, sampled)
+        self.shared.recorder.dp_step(self.name, steps)
+        if sampled:
+            rows = self.pricer.wait_columns(plan.decode_requests, plan.decode_context,
+                                            plan.tokens, plan.requests, plan.context)
+            held = self._waits.setdefault(rows.tobytes(), (rows, [0]))
+            held[1][0] += sampled
+            if len(self._waits) >= WAITS_HELD:
+                self.settle_dp_waits()
+
+    def settle_dp_waits(self) -> None:
+        """Price the DP waits of the sampled steps kept so far and record them."""
+        if not self._waits:
+            return
+        held, self._waits = list(self._waits.values()), {}
+        waits = self.pricer.attention_waits([rows for rows, _ in held])
+        self.shared.recorder.dp_waits(self.name, [(w, n[0]) for w, (_, n) in
+                                                  zip(waits, held, strict=True)])
 
     # ---- what subclasses give ------------------------------------------------------------
 

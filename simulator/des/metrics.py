@@ -137,19 +137,25 @@ class Recorder:
                 sums[k if k in sums else "other"].add(float(ms) * ranks, steps)
         return {k: v.value for k, v in sums.items()}
 
-    def dp_step(self, name: str, wait_ms: float | None, steps: int = 1,
-                sampled: int = 1) -> None:
-        """`steps` steps of DP instance `name`, whose attention is set by its busiest DP rank;
-        `sampled` of them (none when `wait_ms` is None) had their wait priced, `wait_ms` each:
-        how long the other ranks wait in all (the sum over ranks of the busiest rank's
-        attention ms less their own)."""
+    def _dp_entry(self, name: str) -> tuple[ExactSum, list[int]]:
         got = self._dp.get(name)
         if got is None:
             got = self._dp[name] = (ExactSum(), [0, 0])
-        got[1][1] += steps
-        if wait_ms is not None:
-            got[0].add(wait_ms, sampled)
-            got[1][0] += sampled
+        return got
+
+    def dp_step(self, name: str, steps: int = 1) -> None:
+        """`steps` steps of DP instance `name`, whose attention is set by its busiest DP
+        rank."""
+        self._dp_entry(name)[1][1] += steps
+
+    def dp_waits(self, name: str, waits: list[tuple[float, int]]) -> None:
+        """Priced waits of sampled steps of DP instance `name` (its steps counted by
+        `dp_step`): (how long the other ranks wait in all, in ms: the sum over ranks of the
+        busiest rank's attention ms less their own; how many sampled steps had it)."""
+        total, counts = self._dp_entry(name)
+        for wait_ms, sampled in waits:
+            total.add(wait_ms, sampled)
+            counts[0] += sampled
 
     @property
     def dp_wait_ms(self) -> float:

@@ -43,7 +43,13 @@ import numpy as np
 from simulator.calibration import Calibration
 from simulator.cost import Batch, Instance, StepTime, step_time
 from simulator.cost.price_cache import CachedCalibration
-from simulator.cost.step import OpenStep, close_step, open_step, rank_attention_ms
+from simulator.cost.step import (
+    OpenStep,
+    close_step,
+    open_step,
+    rank_attention_ms,
+    step_replays,
+)
 
 
 def round_bits(x: Any, bits: int) -> Any:
@@ -99,6 +105,9 @@ def pareto_front(rows: np.ndarray) -> np.ndarray:
 
 ROWS_ENTRIES = 200_000
 """Prices one pricer keeps by its steps' rows as they came; past it, it starts afresh."""
+
+WAIT_ROWS = 16_384
+"""Ranks' rows `attention_waits` prices in one vectorised call."""
 
 SHARED_ENTRIES = 400_000
 """Prices one calibration's shared memo keeps; a pricer created when it holds more starts it
@@ -211,36 +220,59 @@ class StepPricer:
         same = np.all(rounded == rounded[0], axis=1)
         return len(same) if same.all() else int(np.argmin(same))
 
+    def wait_columns(self, decode_requests: np.ndarray, decode_context: np.ndarray,
+                     prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
+                     prefill_context: np.ndarray) -> np.ndarray:
+        """A step's per-rank rows as `attention_waits` takes them: rounded as `price` rounds
+        them, one column per rank."""
+        return cast(np.ndarray, round_bits(np.array([decode_requests, decode_context,
+                                                     prefill_tokens, prefill_requests,
+                                                     prefill_context]), self.bits))
+
     def attention_wait(self, decode_requests: np.ndarray, decode_context: np.ndarray,
                        prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
                        prefill_context: np.ndarray) -> float:
         """GPU-ms the DP ranks of a step wait for the rank with the most attention work: the
         sum over ranks of (largest - own) attention ms, on the rounded rows `price` uses."""
-        columns = round_bits(np.array([decode_requests, decode_context, prefill_tokens,
-                                       prefill_requests, prefill_context]), self.bits)
-        seen = columns.tobytes()
-        wait = self._waits.get(seen)
-        if wait is None:
-            if len(self._waits) > ROWS_ENTRIES:
-                self._waits.clear()
-            ms = self._attention_ms(columns)
-            wait = self._waits[seen] = float((ms.max() - ms).sum())
-        return wait
+        return self.attention_waits([self.wait_columns(
+            decode_requests, decode_context, prefill_tokens, prefill_requests,
+            prefill_context)])[0]
 
-    def _attention_ms(self, columns: np.ndarray) -> np.ndarray:
-        """Each rank's attention ms of the rounded `columns` (one per rank), priced only for the
-        rows no earlier wait priced (the same floats: the cost model prices ranks apart)."""
+    def attention_waits(self, steps: list[np.ndarray]) -> list[float]:
+        """`attention_wait` of several steps (`wait_columns` each), their ranks' rows priced
+        together: one vectorised pricing, WAIT_ROWS at a time, of every row none priced before
+        (a rank's price depends on its row and its step's replay decision alone, and is the
+        same priced alone or among others, bit for bit)."""
+        keys = [c.tobytes() for c in steps]
+        todo = {k: c for k, c in zip(keys, steps, strict=True) if k not in self._waits}
+        if not todo:
+            return [self._waits[k] for k in keys]
+        if len(self._waits) + len(todo) > ROWS_ENTRIES:
+            self._waits.clear()
         if len(self._rank_ms) > ROWS_ENTRIES:
             self._rank_ms.clear()
-        rows = [row.tobytes() for row in columns.T.copy()]
-        ms = [self._rank_ms.get(row) for row in rows]
-        new = [r for r, got in enumerate(ms) if got is None]
-        if new:
-            priced = rank_attention_ms(self.instance, Batch(*columns[:, new]),
-                                       cast(Calibration, self._ops))
-            for r, got in zip(new, priced.tolist(), strict=False):  # one row: priced per rank
-                ms[r] = self._rank_ms[rows[r]] = got
-        return np.array(ms)
+        rows: dict[bool, dict[bytes, np.ndarray]] = {False: {}, True: {}}
+        named: dict[bytes, list[bytes]] = {}
+        for k, c in todo.items():
+            replay = step_replays(self.instance, Batch(*c))
+            mark = b"r" if replay else b"-"
+            named[k] = [row.tobytes() + mark for row in c.T.copy()]
+            for name, row in zip(named[k], c.T, strict=True):
+                if name not in self._rank_ms:
+                    rows[replay][name] = row
+        for replay, new in rows.items():
+            names, values = list(new), list(new.values())
+            for at in range(0, len(values), WAIT_ROWS):
+                part = np.array(values[at:at + WAIT_ROWS]).T
+                priced = rank_attention_ms(self.instance, Batch(*part),
+                                           cast(Calibration, self._ops), replay)
+                for name, got in zip(names[at:at + WAIT_ROWS],  # one row: priced per rank
+                                     priced[:part.shape[1]].tolist(), strict=True):
+                    self._rank_ms[name] = got
+        for k in todo:
+            ms = np.array([self._rank_ms[name] for name in named[k]])
+            self._waits[k] = float((ms.max() - ms).sum())
+        return [self._waits[k] for k in keys]
 
     def _exact(self, rows: np.ndarray, front: bytes, top: float,
                expert_tokens: np.ndarray | None) -> StepTime:

@@ -401,6 +401,9 @@ class _Run:
     def result(self) -> SimResult:
         self.traffic.start()
         self.env.run()
+        for engines in self.engines.values():
+            for e in engines:
+                e.settle_dp_waits()
         return self._collect()
 
     def _collect(self) -> SimResult:

@@ -393,6 +393,27 @@ def test_dp_imbalance_is_the_time_ranks_wait_for_a_busier_one():
     assert 0.0 < run(LognormalLength(median=4096, sigma=1.0, max=16384), every=32) < 1.0
 
 
+def test_dp_waits_settled_together_are_the_waits_settled_one_by_one(monkeypatch):
+    """An engine keeps its sampled steps and prices their DP waits together (in batches, and
+    at the end of the run): the same dp_imbalance as pricing each sampled step at once."""
+    from simulator.des import engines
+    from simulator.specs.deployment import Deployment
+    from simulator.specs.workload import ClosedArrival, LognormalLength, Workload
+    dep = Deployment(model="deepseek-v3", hardware="h200", prefill={"instances": 1, "dep": 8},
+                     decode={"instances": 1, "dep": 8})
+    w = Workload(arrival=ClosedArrival(concurrency=32), requests=96,
+                 input_tokens=LognormalLength(median=2048, sigma=1.0, max=16384),
+                 output_tokens=LognormalLength(median=64, sigma=0.5, max=256))
+
+    def imbalance() -> float:
+        return float(simulate(dep, w, options=SimOptions(dp_wait_every=4)).metrics()[
+            "dp_imbalance"])
+
+    together = imbalance()
+    monkeypatch.setattr(engines, "WAITS_HELD", 1)  # each sampled step priced as it comes
+    assert imbalance() == together > 0.0
+
+
 def test_ranks_with_equal_tokens_still_wait_for_a_longer_cached_prefix():
     """The wait follows each rank's attention work, not its token count: two ranks computing
     4096 tokens each, one after a 64K cached prefix, the other cold."""

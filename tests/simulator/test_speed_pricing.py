@@ -129,6 +129,29 @@ def test_a_dp_wait_from_remembered_rank_rows_is_the_whole_steps(model: str,
             assert pricer.attention_wait(*rows) == float((ms.max() - ms).sum())
 
 
+def test_dp_waits_priced_together_are_each_steps_own() -> None:
+    """Several steps' waits priced in one go (a run settles its sampled steps together): each
+    is its whole step's, also where a rank's attention depends on its step's replay decision
+    (V4.1 aggregated: a small prompt chunk beside a large one runs the bounded replay, alone it
+    does not)."""
+    hw, m = load_hardware("gb300"), load_model("deepseek-v4.1-flash")
+    cal = load_calibration(hw)
+    ops = cast(Calibration, CachedCalibration(cal))
+    inst = instance_from_role(m, hw, "aggregated", RoleSpec(instances=1, dep=4), "fp8", "fp8")
+    small = [8.0, 40_000.0, 200.0, 1.0, 9_000.0]  # a rank's row: decode and a 200-token chunk
+    steps = [np.array([small, [8.0, 30_000.0, 4_096.0, 1.0, 500.0],  # beside a 4K chunk
+                       [4.0, 20_000.0, 0.0, 0.0, 0.0], [2.0, 1_000.0, 0.0, 0.0, 0.0]]).T,
+             np.array([small, [8.0, 30_000.0, 100.0, 1.0, 500.0],  # beside small chunks only
+                       [4.0, 20_000.0, 0.0, 0.0, 0.0], [2.0, 1_000.0, 0.0, 0.0, 0.0]]).T]
+    steps = [round_bits(c, 6) for c in steps]
+    pricer = StepPricer(inst, cal)
+    got = pricer.attention_waits(steps)
+    alone = [rank_attention_ms(inst, Batch(*c), ops) for c in steps]
+    assert got == [float((ms.max() - ms).sum()) for ms in alone]
+    assert alone[0][0] != alone[1][0]  # the same row, priced by its step's decision
+    assert StepPricer(inst, cal).attention_wait(*steps[1]) == got[1]
+
+
 def _query_all_corners(g: Grid, point: np.ndarray, roofline: float) -> tuple[float, int]:
     """A single-point grid query that visits every corner of the point's cell (the form
     `Grid._query_one` had before it skipped the corners of the axes the point sits on)."""

@@ -85,6 +85,14 @@ FALLBACK = {"fp4": "fp8", "fp8": "bf16"}
 """When no row has a dtype, price with the next dtype's efficiency: its measured time over its own
 roofline, applied to the asked dtype's roofline (flagged extrapolated)."""
 
+A2A_DTYPES = {"dispatch": ("default", "fp8", "bfloat16"), "combine": ("default", "bfloat16")}
+"""The measured dispatch / combine rows that price the exchange, first found first: the
+collector's default (vLLM: fp8 dispatch, bf16 combine, what the cost model sends), else the
+same dtype, else bf16 (TensorRT-LLM measures its normal kernels' dispatch in bf16 and NVFP4
+only: bf16, the slower, prices an fp8 dispatch there). A smaller dtype's time is not scaled
+from a larger one's: the measured kernels are far from their bytes (NVFP4 dispatch 10 % faster
+than bf16 at 3.6 x fewer bytes, B200, 8K tokens)."""
+
 LATENCY_UNIT_MS = {"all_to_all": 1e-3}
 """Tables whose latency column is not in ms (the all-to-all table is in microseconds)."""
 
@@ -1070,7 +1078,13 @@ class Calibration:
             return tok * k * h * elem * (n - 1) / n
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-            rows = df[(df.comm_backend == mode) & (df.phase == phase)]
+            # TensorRT-LLM's collector names its DeepEP kernels trtllm_deepep_{ht,ll} and
+            # measures each in several dtypes: the phase's own (A2A_DTYPES) is kept
+            rows = df[df.comm_backend.isin([mode, f"trtllm_{mode}"]) & (df.phase == phase)]
+            have = set(rows.comm_dtype)
+            dtype = next((d for d in A2A_DTYPES[phase] if d in have), None)
+            if dtype is not None:
+                rows = rows[rows.comm_dtype == dtype]
             return self._nearest(rows, {"hidden_size": hidden, "topk": topk,
                                         "num_experts": experts})
 

@@ -152,6 +152,33 @@ def test_wide_ep_all_to_all_comes_from_the_multi_node_measurement():
     assert "comm/vllm" in own.table
 
 
+def test_trtllm_all_to_all_comes_from_its_own_measured_kernels():
+    """TensorRT-LLM's collector names its DeepEP kernels trtllm_deepep_{ht,ll} and measures
+    several dtypes: its own table prices a TensorRT-LLM instance's exchange (the phase's dtype,
+    else bf16), a measured point exactly; vLLM keeps its own."""
+    hw = load_hardware("b200")
+    path = aic_system_dir("b200_sxm") / "comm/trtllm/1.3.0rc11/moe_a2a_perf.parquet"
+    df = pd.read_parquet(path)
+    shape = (df.hidden_size == 7168) & (df.topk == 8) & (df.num_experts == 256) & (
+        df.num_tokens == 8192)
+    rate = hw.scaleup_gb_s
+    for phase, dtype in (("dispatch", "bfloat16"), ("combine", "bfloat16")):
+        want = df[shape & (df.comm_backend == "trtllm_deepep_ht") & (df.phase == phase)
+                  & (df.comm_dtype == dtype)].latency.min() * 1e-3
+        got = load_calibration(hw, "trtllm").all_to_all(8192, 7168, 8, 256, 8, phase, False,
+                                                        rate)
+        assert got.table == "b200_sxm/comm/trtllm/1.3.0rc11" and got.source == "measured"
+        assert got.ms[0] == pytest.approx(want)
+    low = df[(df.hidden_size == 7168) & (df.topk == 8) & (df.num_experts == 256)
+             & (df.num_tokens == 128) & (df.comm_backend == "trtllm_deepep_ll")
+             & (df.phase == "dispatch") & (df.comm_dtype == "fp8")].latency.min() * 1e-3
+    got = load_calibration(hw, "trtllm").all_to_all(128, 7168, 8, 256, 8, "dispatch", True,
+                                                    rate)
+    assert got.ms[0] == pytest.approx(low)
+    assert "comm/vllm" in load_calibration(hw, "vllm").all_to_all(
+        8192, 7168, 8, 256, 8, "dispatch", False, rate).table
+
+
 def test_table_preference_order_on_a_synthetic_table_set(tmp_path, monkeypatch):
     from simulator.calibration import tables
     monkeypatch.setattr(tables, "aic_system_dir", lambda system: tmp_path / system)

@@ -15,6 +15,7 @@ would repeat the same batch at the same price go as one event (a macro-step,
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -90,8 +91,10 @@ class Engine:
         """Whether `poke` ends the run at its step in progress."""
         self._steps = 0
         """Steps priced so far (every `dp_wait_every`-th also prices the DP wait)."""
-        self._waits: dict[bytes, tuple[np.ndarray, list[int]]] = {}
-        """Sampled steps whose DP wait is not priced yet: rows -> (rows, [times sampled])."""
+        self._waits: dict[bytes, np.ndarray] = {}
+        """Sampled steps whose DP wait is not priced yet, by their rounded rows."""
+        self._sampled: Counter[bytes] = Counter()
+        """How many sampled steps had each of those rows."""
         self.rewind = prefix_rewind(pricer.instance)
         """Tokens of each prefix-cache hit computed again (`prefix_rewind`)."""
         self._process = self.env.process(self._loop())
@@ -192,10 +195,11 @@ class Engine:
         self._steps += steps
         self.shared.recorder.dp_step(self.name, steps)
         if sampled:
-            rows = self.pricer.wait_columns(plan.decode_requests, plan.decode_context,
-                                            plan.tokens, plan.requests, plan.context)
-            held = self._waits.setdefault(rows.tobytes(), (rows, [0]))
-            held[1][0] += sampled
+            rows = self.pricer.rounded_columns(plan.decode_requests, plan.decode_context,
+                                               plan.tokens, plan.requests, plan.context)
+            key = rows.tobytes()
+            self._waits.setdefault(key, rows)
+            self._sampled[key] += sampled
             if len(self._waits) >= WAITS_HELD:
                 self.settle_dp_waits()
 
@@ -203,9 +207,10 @@ class Engine:
         """Price the DP waits of the sampled steps kept so far and record them."""
         if not self._waits:
             return
-        held, self._waits = list(self._waits.values()), {}
-        waits = self.pricer.attention_waits([rows for rows, _ in held])
-        self.shared.recorder.dp_waits(self.name, [(w, n[0]) for w, (_, n) in
+        held, counts = self._waits, self._sampled
+        self._waits, self._sampled = {}, Counter()
+        waits = self.pricer.attention_waits(list(held.values()))
+        self.shared.recorder.dp_waits(self.name, [(w, counts[k]) for w, k in
                                                   zip(waits, held, strict=True)])
 
     # ---- what subclasses give ------------------------------------------------------------

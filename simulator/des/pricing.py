@@ -189,8 +189,8 @@ class StepPricer:
         """The StepTime of one step; arrays have one entry per DP rank (expert_tokens per EP
         rank, most-loaded first, or None when the instance has no expert parallelism)."""
         self.calls += 1
-        columns = round_bits(np.array([decode_requests, decode_context, prefill_tokens,
-                                       prefill_requests, prefill_context]), self.bits)
+        columns = self.rounded_columns(decode_requests, decode_context, prefill_tokens,
+                                       prefill_requests, prefill_context)
         top = 0.0 if expert_tokens is None else round_bits(float(expert_tokens[0]), self.bits)
         seen = (columns.tobytes(), top)  # the rows as they are: most steps repeat the last
         hit = self._rows.get(seen)
@@ -220,11 +220,11 @@ class StepPricer:
         same = np.all(rounded == rounded[0], axis=1)
         return len(same) if same.all() else int(np.argmin(same))
 
-    def wait_columns(self, decode_requests: np.ndarray, decode_context: np.ndarray,
-                     prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
-                     prefill_context: np.ndarray) -> np.ndarray:
-        """A step's per-rank rows as `attention_waits` takes them: rounded as `price` rounds
-        them, one column per rank."""
+    def rounded_columns(self, decode_requests: np.ndarray, decode_context: np.ndarray,
+                        prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
+                        prefill_context: np.ndarray) -> np.ndarray:
+        """A step's per-rank figures rounded to `bits` significant bits, one column per rank:
+        what `price` looks steps up by, and what `attention_waits` takes."""
         return cast(np.ndarray, round_bits(np.array([decode_requests, decode_context,
                                                      prefill_tokens, prefill_requests,
                                                      prefill_context]), self.bits))
@@ -234,12 +234,12 @@ class StepPricer:
                        prefill_context: np.ndarray) -> float:
         """GPU-ms the DP ranks of a step wait for the rank with the most attention work: the
         sum over ranks of (largest - own) attention ms, on the rounded rows `price` uses."""
-        return self.attention_waits([self.wait_columns(
+        return self.attention_waits([self.rounded_columns(
             decode_requests, decode_context, prefill_tokens, prefill_requests,
             prefill_context)])[0]
 
     def attention_waits(self, steps: list[np.ndarray]) -> list[float]:
-        """`attention_wait` of several steps (`wait_columns` each), their ranks' rows priced
+        """`attention_wait` of several steps (`rounded_columns` each), their ranks' rows priced
         together: one vectorised pricing, WAIT_ROWS at a time, of every row none priced before
         (a rank's price depends on its row and its step's replay decision alone, and is the
         same priced alone or among others, bit for bit)."""

@@ -19,7 +19,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.validate import load_rows, validate  # noqa: E402
+from simulator.validate import load_rows, summarize, validate  # noqa: E402
 
 
 def attention_dp_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -39,16 +39,23 @@ def main() -> int:
     rows = attention_dp_rows(load_rows())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     df = validate(rows, workers=args.workers, journal=args.out)
-    ok = df[df.covered.astype(bool)].copy()
-    ok["tpot_err"] = (ok.pred_tpot_ms - ok.tpot_ms) / ok.tpot_ms
-    ok["ttft_err"] = (ok.pred_ttft_ms - ok.ttft_ms) / ok.ttft_ms
-    print(f"{len(rows)} TensorRT-LLM attention-DP rows, {len(ok)} covered")
-    print(f"all: TPOT MAPE {ok.tpot_err.abs().mean():.1%} (median {ok.tpot_err.median():+.1%}), "
-          f"TTFT MAPE {ok.ttft_err.abs().mean():.1%}")
-    for (system, mode), g in ok.groupby(["system", "mode"]):
-        print(f"  {system:10s} {mode:6s} {len(g):3d} rows: TPOT MAPE "
-              f"{g.tpot_err.abs().mean():6.1%} (median {g.tpot_err.median():+6.1%}), TTFT MAPE "
-              f"{g.ttft_err.abs().mean():6.1%}")
+    report = summarize(df)  # the MAPE as `rackplan validate` reports it
+    ok = df[df.covered.astype(bool)]
+    signed = (ok.pred_tpot_ms - ok.tpot_ms) / ok.tpot_ms
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}%"
+
+    print(f"{len(rows)} TensorRT-LLM attention-DP rows, {report['covered']} covered")
+    print(f"all: TPOT MAPE {pct(report['overall']['tpot_mape'])} (median {signed.median():+.1%}), "
+          f"TTFT MAPE {pct(report['overall']['ttft_mape'])}")
+    for g in report["groups"]:
+        if not g["covered"]:
+            continue
+        median = signed[(ok.system == g["system"]) & (ok["mode"] == g["mode"])].median()
+        print(f"  {g['system']:10s} {g['mode']:6s} {g['covered']:3d} rows: TPOT MAPE "
+              f"{pct(g['tpot_mape']):>6} (median {median:+6.1%}), TTFT MAPE "
+              f"{pct(g['ttft_mape']):>6}")
     return 0
 
 

@@ -159,22 +159,23 @@ def test_trtllm_all_to_all_comes_from_its_own_measured_kernels():
     hw = load_hardware("b200")
     path = aic_system_dir("b200_sxm") / "comm/trtllm/1.3.0rc11/moe_a2a_perf.parquet"
     df = pd.read_parquet(path)
-    shape = (df.hidden_size == 7168) & (df.topk == 8) & (df.num_experts == 256) & (
-        df.num_tokens == 8192)
+
+    def measured_ms(tokens: int, backend: str, phase: str, dtype: str) -> float:
+        rows = df[(df.hidden_size == 7168) & (df.topk == 8) & (df.num_experts == 256)
+                  & (df.num_tokens == tokens) & (df.comm_backend == backend)
+                  & (df.phase == phase) & (df.comm_dtype == dtype)]
+        return float(rows.latency.min()) * 1e-3
+
     rate = hw.scaleup_gb_s
-    for phase, dtype in (("dispatch", "bfloat16"), ("combine", "bfloat16")):
-        want = df[shape & (df.comm_backend == "trtllm_deepep_ht") & (df.phase == phase)
-                  & (df.comm_dtype == dtype)].latency.min() * 1e-3
+    for phase in ("dispatch", "combine"):  # normal kernels: bf16 (no fp8 dispatch measured)
         got = load_calibration(hw, "trtllm").all_to_all(8192, 7168, 8, 256, 8, phase, False,
                                                         rate)
         assert got.table == "b200_sxm/comm/trtllm/1.3.0rc11" and got.source == "measured"
-        assert got.ms[0] == pytest.approx(want)
-    low = df[(df.hidden_size == 7168) & (df.topk == 8) & (df.num_experts == 256)
-             & (df.num_tokens == 128) & (df.comm_backend == "trtllm_deepep_ll")
-             & (df.phase == "dispatch") & (df.comm_dtype == "fp8")].latency.min() * 1e-3
+        assert got.ms[0] == pytest.approx(measured_ms(8192, "trtllm_deepep_ht", phase,
+                                                      "bfloat16"))
     got = load_calibration(hw, "trtllm").all_to_all(128, 7168, 8, 256, 8, "dispatch", True,
                                                     rate)
-    assert got.ms[0] == pytest.approx(low)
+    assert got.ms[0] == pytest.approx(measured_ms(128, "trtllm_deepep_ll", "dispatch", "fp8"))
     assert "comm/vllm" in load_calibration(hw, "vllm").all_to_all(
         8192, 7168, 8, 256, 8, "dispatch", False, rate).table
 

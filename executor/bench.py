@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.backends.base import LaunchError, write_atomic
-from executor.backends.local import default_vllm, log_tail
+from executor.backends.local import default_vllm, local_client_cores, log_tail, pinned
 from simulator.specs.errors import SpecError
 from simulator.specs.workload import (
     BurstyArrival,
@@ -341,7 +341,8 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
         raise BenchError(f"the engine executable {exe} does not exist; run `make engine` or "
                          "pass vllm=")
     command, result = measure(settings, url, model, run_dir, exe, tokenizer=tokenizer,
-                              timeout_s=timeout_s, detailed=detailed)
+                              timeout_s=timeout_s, detailed=detailed,
+                              cores=local_client_cores(deployment, url))
     return _write_report(Report(
         plan=str(plan_path), url=url, gpus=deployment.gpus_used, settings=settings,
         command=tuple(command), rows=compare(predicted, result, deployment.gpus_used),
@@ -351,10 +352,11 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
 def measure(settings: BenchSettings, url: str, model: str, run_dir: Path, exe: Path, *,
             tokenizer: str | None = None, timeout_s: float | None = None,
             detailed: bool = False, result_file: str = RESULT_FILE,
-            ) -> tuple[list[str], dict[str, Any]]:
+            cores: tuple[int, ...] | None = None) -> tuple[list[str], dict[str, Any]]:
     """Run `vllm bench serve` once with `settings` against `url`: (its command, its result
     JSON), the JSON saved as run_dir/`result_file` and the output in run_dir/logs/; BenchError
-    quoting the log when it fails."""
+    quoting the log when it fails. `cores`: the client runs there only (beside a pinned CPU
+    deployment on this machine: `local_client_cores`)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     result_path = run_dir / result_file
     result_path.unlink(missing_ok=True)
@@ -362,7 +364,7 @@ def measure(settings: BenchSettings, url: str, model: str, run_dir: Path, exe: P
                             exe=str(exe), detailed=detailed, result_file=result_file)
     log = run_dir / "logs" / (Path(result_file).stem + ".log")
     start = time.monotonic()
-    with open(log, "wb") as out:
+    with open(log, "wb") as out, pinned(cores):
         try:
             proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=timeout_s, check=False,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.backends.base import write_atomic
-from executor.backends.local import default_vllm
+from executor.backends.local import default_vllm, local_client_cores
 from executor.bench import (
     BenchError,
     Comparison,
@@ -169,7 +169,8 @@ def _serve_points(plan_path: Path, run_dir: Path, loads: Sequence[float], url: s
         predicted = simulate(deployment, traffic, calibration=calibration_for(deployment),
                              options=sim_options(deployment)).metrics()
         points.append(_point(plan_path, run_dir, load, traffic, predicted, url, model, exe,
-                             deployment.gpus_used, num_prompts, timeout_s, mode="serve"))
+                             deployment.gpus_used, num_prompts, timeout_s, mode="serve",
+                             cores=local_client_cores(deployment, url)))
     return _write_sweep(SweepReport(str(plan_path), "serve", tuple(loads), tuple(points)),
                         run_dir)
 
@@ -198,7 +199,8 @@ def _alone_points(plan_path: Path, run_dir: Path, loads: Sequence[float], mode_n
         served = served_model(url)
         points = [_point(plan_path, run_dir, load, serve_workload(a.workload), a.predicted,
                          url, served, exe, a.deployment.gpus_used, num_prompts,
-                         timeout_s, mode=mode.name, keep=mode.metrics)
+                         timeout_s, mode=mode.name, keep=mode.metrics,
+                         cores=local_client_cores(a.plan, url))
                   for load, a in zip(loads, alone, strict=True)]
     finally:
         backend.teardown()
@@ -217,10 +219,12 @@ def _longest(workload: Workload) -> int:
 def _point(plan_path: Path, run_dir: Path, load: float, traffic: Workload,
            predicted: dict[str, Any], url: str, model: str, exe: Path, gpus: int,
            num_prompts: int | None, timeout_s: float | None, mode: str,
-           keep: tuple[str, ...] | None = None) -> Report:
+           keep: tuple[str, ...] | None = None,
+           cores: tuple[int, ...] | None = None) -> Report:
     settings = bench_settings(traffic, num_prompts)
     folder = run_dir / f"load-{load:g}"
-    command, result = measure(settings, url, model, folder, exe, timeout_s=timeout_s)
+    command, result = measure(settings, url, model, folder, exe, timeout_s=timeout_s,
+                              cores=cores)
     rows = compare(predicted, result, gpus)
     if keep is not None:
         rows = tuple(r for r in rows if r.metric in keep)

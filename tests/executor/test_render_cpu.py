@@ -87,3 +87,51 @@ def test_local_cpu_instances_get_their_own_cores():
     odd = bind_cores(rendered, [0, 2, 4, 6])
     assert [p.env[CPU_BIND_ENV] for p in odd.processes] == ["0,2", "4,6"]
     assert CPU_BIND_ENV in render_local(plan_deployment(TINY_PD)).processes[0].env
+
+
+def test_a_pinned_engine_is_pinned_whole_and_the_client_stays_off_the_decode_core(tmp_path):
+    """vLLM's CPU worker busy-polls for a second after each step, so each engine (API server,
+    engine core and worker) runs on its own cores, and the router and benchmark client beside
+    the prefill engine, not on the decode engine's core."""
+    import os
+    import subprocess
+    import sys
+
+    from executor.backends.local import (
+        LocalBackend,
+        bind_cores,
+        bound_cores,
+        client_cores,
+        local_client_cores,
+        pinned,
+        render_local,
+    )
+
+    assert bound_cores({"VLLM_CPU_OMP_THREADS_BIND": "0"}) == (0,)
+    assert bound_cores({"VLLM_CPU_OMP_THREADS_BIND": "2-3"}) == (2, 3)
+    assert bound_cores({"VLLM_CPU_OMP_THREADS_BIND": "0,2"}) == (0, 2)
+    assert bound_cores({"VLLM_CPU_OMP_THREADS_BIND": "0-1|4-5"}) == (0, 1, 4, 5)
+    assert bound_cores({}) is None and bound_cores({"VLLM_CPU_OMP_THREADS_BIND": "auto"}) is None
+
+    rendered = bind_cores(render_local(plan_deployment(TINY_PD)), [0, 1])
+    assert client_cores(rendered) == (0,)
+    backend = LocalBackend(rendered, tmp_path / "run", vllm=tmp_path / "vllm")
+    lines = backend.dry_run_lines()
+    assert [line.split(" taskset -c ")[1].split()[0] for line in lines] == ["0", "1"]
+    commands = backend.render()[0].read_text()
+    assert commands.count("setsid taskset -c ") == 2
+    assert "taskset -c 0 " in commands.splitlines()[-2]  # the router
+
+    pd, agg = plan_deployment(TINY_PD), plan_deployment(TINY_AGG)
+    here = sorted(os.sched_getaffinity(0))
+    assert local_client_cores(pd, "http://127.0.0.1:8099") == (here[0],)
+    assert local_client_cores(pd, "http://10.0.0.5:8099") is None  # not this machine's
+    assert local_client_cores(agg, "http://127.0.0.1:8099") is None  # one engine: not pinned
+
+    before = os.sched_getaffinity(0)
+    with pinned((here[-1],)):
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted("
+                                "os.sched_getaffinity(0)))"], capture_output=True, text=True,
+                               check=True)
+    assert child.stdout.strip() == f"[{here[-1]}]"
+    assert os.sched_getaffinity(0) == before

@@ -100,7 +100,8 @@ def run_whatif(deployment: Deployment, workload: Workload,
     options = sim_options(deployment)
     result = simulate(deployment, workload, calibration=calibration, progress=progress,
                       options=options)
-    resolved = resolve(deployment, calibration, overhead_ms=options.step_overhead_ms)
+    resolved = resolve(deployment, calibration, overhead_ms=options.step_overhead_ms,
+                       overhead_per_seq_ms=options.step_overhead_per_seq_ms)
     return WhatIf(deployment=deployment, workload=workload, result=result,
                   metrics=result.metrics(), steps=step_views(resolved, result),
                   experts=expert_views(resolved, workload, options),

@@ -97,7 +97,8 @@ def exhaustive(space: SearchSpace, workload: Workload, evaluate: Simulator,
         overhead = overhead_for(deployment)
         try:
             resolved = check(deployment, space, calibration_for(deployment),
-                             overhead_ms=overhead.step_overhead_ms)
+                             overhead_ms=overhead.step_overhead_ms,
+                             overhead_per_seq_ms=overhead.step_overhead_per_seq_ms)
         except SpecError:
             continue
         pd = deployment.disaggregated

@@ -330,7 +330,9 @@ def provenance(deployment: Deployment, seed: int, study: str, storage: str) -> d
         "engine": deployment.engine, "engine_version": deployment.engine_version,
         "calibration_tables": calibration_tables(deployment),
         "serving_overhead_ms": {"api": o.api_overhead_ms, "step": o.step_overhead_ms,
-                                "handoff": o.handoff_ms},
+                                "handoff": o.handoff_ms,
+                                **({"step_per_request": o.step_overhead_per_seq_ms}
+                                   if o.step_overhead_per_seq_ms else {})},
         "predicted_by": "discrete-event simulation (rackplan simulate)",
         "seed": seed, "study": study, "storage": storage,
     }

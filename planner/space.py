@@ -359,7 +359,8 @@ def _role_points(space: SearchSpace, role: str) -> Iterator[dict[str, Any]]:
 
 
 def check(deployment: Deployment, space: SearchSpace,
-          calibration: Calibration | None = None, overhead_ms: float | None = None) -> Resolved:
+          calibration: Calibration | None = None, overhead_ms: float | None = None,
+          overhead_per_seq_ms: float = 0.0) -> Resolved:
     """The resolved deployment, or SpecError saying why it cannot run: over the GPU budget,
     a vLLM rule, memory, or topology."""
     used = deployment.gpus_used
@@ -367,7 +368,8 @@ def check(deployment: Deployment, space: SearchSpace,
         parts = ", ".join(f"{name} {r.instances} x {r.layout}"
                           for name, r in deployment.roles.items())
         raise SpecError(f"uses {used} GPUs ({parts}) but the budget is {space.gpus}")
-    return resolve(deployment, calibration, overhead_ms=overhead_ms)
+    return resolve(deployment, calibration, overhead_ms=overhead_ms,
+                   overhead_per_seq_ms=overhead_per_seq_ms)
 
 
 def deployment_key(deployment: Deployment) -> str:

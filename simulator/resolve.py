@@ -48,7 +48,7 @@ class Resolved:
 
 
 def resolve(deployment: Deployment, calibration: Calibration | None = None,
-            overhead_ms: float | None = None) -> Resolved:
+            overhead_ms: float | None = None, overhead_per_seq_ms: float = 0.0) -> Resolved:
     """Check `deployment` against its model, memory and topology; SpecError when it cannot run."""
     model = load_model(deployment.model)
     hardware = load_hardware(deployment.hardware, deployment.usd_per_gpu_hour)
@@ -68,7 +68,8 @@ def resolve(deployment: Deployment, calibration: Calibration | None = None,
             name=name, spec=role,
             instance=instance_from_role(model, hardware, name, role, weights, kv,
                                         a2a_gb_s=placement.all_to_all_gb_s(names[name][0]),
-                                        overhead_ms=overhead_ms, indexer_cache=indexer),
+                                        overhead_ms=overhead_ms, indexer_cache=indexer,
+                                        overhead_per_seq_ms=overhead_per_seq_ms),
             memory=memory[name], instance_names=names[name])
         for name, role in deployment.roles.items()
     }

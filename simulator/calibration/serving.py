@@ -43,6 +43,11 @@ class ServingOverhead:
     """Per engine step; None: the cost model's default."""
     handoff_ms: float = 0.0
     """P/D handoff besides the KV bytes."""
+    step_overhead_per_seq_ms: float = 0.0
+    """Per engine step and request its busiest rank runs (measured on one's own engine)."""
+    api_serial_ms: float = 0.0
+    """The part of the API overhead the instance's API server spends on each request one at a
+    time (measured on one's own engine; 0: a pure delay)."""
 
 
 def in_fit_half(row_id: str) -> bool:
@@ -74,7 +79,12 @@ USER_FILE = "serving_overhead.json"
 kernel tables (benchmarks/closed_loop.py fits and writes them). While that folder is the active
 calibration they are preferred to the shipped fit for the hardware and engine they name."""
 USER_FORMAT = 1
-FIELDS = ("api_overhead_ms", "step_overhead_ms", "handoff_ms")
+FIELDS = ("api_overhead_ms", "step_overhead_ms", "handoff_ms", "step_overhead_per_seq_ms",
+          "api_serial_ms")
+DISAGGREGATED = "disaggregated"
+"""The key of an engine entry's sub-entry measured on a P/D deployment: its latencies are
+preferred for P/D plans (on a small host the decode engine's API server may share its core, so
+P/D steps cost more than aggregated ones); what it leaves out comes from the entry."""
 
 
 def _user_entry(folder: Path, hardware: str, engine: str) -> dict[str, Any] | None:
@@ -111,22 +121,28 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
     if entry is None:
         return None
     base = fallback or ServingOverhead()
+    pd = entry.get(DISAGGREGATED) if disaggregated else None
     got = {k: entry.get(k) for k in FIELDS}
+    if isinstance(pd, dict):
+        got.update({k: pd[k] for k in FIELDS if pd.get(k) is not None})
     step = got["step_overhead_ms"]
     return ServingOverhead(
         api_overhead_ms=base.api_overhead_ms if got["api_overhead_ms"] is None
         else float(got["api_overhead_ms"]),
         step_overhead_ms=base.step_overhead_ms if step is None else float(step),
         handoff_ms=0.0 if not disaggregated else (
-            base.handoff_ms if got["handoff_ms"] is None else float(got["handoff_ms"])))
+            base.handoff_ms if got["handoff_ms"] is None else float(got["handoff_ms"])),
+        step_overhead_per_seq_ms=float(got["step_overhead_per_seq_ms"] or 0.0),
+        api_serial_ms=float(got["api_serial_ms"] or 0.0))
 
 
 def write_user_serving_overhead(folder: Path, hardware: str, engine: str,
                                 latencies: Mapping[str, float | None],
-                                about: Mapping[str, Any]) -> Path:
+                                about: Mapping[str, Any], disaggregated: bool = False) -> Path:
     """Update the measured latencies (keys of FIELDS; None removes one) of one hardware and
     engine in the folder's serving_overhead.json, keeping everything else; `about` says how
-    they were measured. Written to a temporary file, then renamed."""
+    they were measured. `disaggregated`: measured on a P/D deployment, into the entry's
+    DISAGGREGATED sub-entry. Written to a temporary file, then renamed."""
     bad = sorted(set(latencies) - set(FIELDS))
     if bad:
         raise SpecError(f"unknown serving latency {bad[0]!r}; valid: {', '.join(FIELDS)}")
@@ -138,12 +154,16 @@ def write_user_serving_overhead(folder: Path, hardware: str, engine: str,
         data = dict(_read_user(str(path), path.stat().st_mtime_ns))
     hardware_entries = dict(data.get("hardware", {}))
     engines = dict(hardware_entries.get(hardware, {}))
-    entry = {**engines.get(engine, {}), **about}
+    entry = dict(engines.get(engine, {}))
+    target = dict(entry.get(DISAGGREGATED, {})) if disaggregated else entry
+    target.update(about)
     for k, v in latencies.items():
         if v is None:
-            entry.pop(k, None)
+            target.pop(k, None)
         else:
-            entry[k] = round(float(v), 4)
+            target[k] = round(float(v), 4)
+    if disaggregated:
+        entry[DISAGGREGATED] = target
     engines[engine] = entry
     hardware_entries[hardware] = engines
     data = {**data, "hardware": hardware_entries}

@@ -56,6 +56,10 @@ class Instance:
     deepep_high_throughput, or an NCCL all-gather + reduce-scatter for the others."""
     overhead_ms: float | None = None
     """Fixed per-step overhead; None: the default for the hardware kind."""
+    overhead_per_seq_ms: float = 0.0
+    """Per-step overhead for each request the busiest rank runs in the step (the serving
+    stack's per-request work on the step's critical path: scheduling and output processing,
+    and streaming where the API server shares the engine's core); measured, 0 without it."""
     offload_bytes: float = 0.0
     """Weights per GPU in host memory, read in place over the host link in every forward
     pass (UVA offloading)."""
@@ -105,7 +109,8 @@ class Instance:
 def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str, role: RoleSpec,
                        weights: str, kv_cache: str, a2a_gb_s: float = 0.0,
                        overhead_ms: float | None = None,
-                       indexer_cache: str = "fp8") -> Instance:
+                       indexer_cache: str = "fp8",
+                       overhead_per_seq_ms: float = 0.0) -> Instance:
     """The cost-model view of one instance of a deployment role."""
     spec = role.speculative
     plan = prefetch_plan(model, role, weights)
@@ -119,7 +124,7 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
         spec_tokens=spec.tokens if spec else 0, spec_acceptance=spec.acceptance if spec else 0.0,
         a2a_gb_s=a2a_gb_s,
         all2all=role.backend(role_name),
-        overhead_ms=overhead_ms,
+        overhead_ms=overhead_ms, overhead_per_seq_ms=overhead_per_seq_ms,
         offload_bytes=0.0 if plan is not None else role.cpu_offload_gb * 1024 ** 3,
         prefetch=None if plan is None else (plan.layers, plan.layer_bytes),
         dbo=role.dbo and role.dep is not None,
@@ -447,6 +452,11 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
                         {"overhead": "measured (fixed)"}, {"overhead": inst.step_overhead_ms},
                         0.0)
     logits = dec_b * (1 + spec) + pre_req
+    if inst.overhead_per_seq_ms > 0:
+        running = float(np.max(dec_b + pre_req))
+        led.add("other", "request_overhead", None, inst.overhead_per_seq_ms * running)
+        led.provenance["request_overhead"] = (
+            f"measured ({inst.overhead_per_seq_ms:g} ms per request of the busiest rank)")
 
     # V4.1's late layers prefill only each chunk's last window: the layers fall in groups
     # that compute the same tokens (one group for every other model).

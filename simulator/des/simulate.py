@@ -64,9 +64,15 @@ class SimOptions:
     """Significant bits kept of each per-rank batch figure when memoizing step prices."""
     api_overhead_ms: float = 0.0
     """Time from a request's arrival to the engine's scheduler (HTTP, tokenization, routing)."""
+    api_serial_ms: float = 0.0
+    """The part of `api_overhead_ms` that the instance's API server spends on each request one
+    at a time (requests arriving together wait for each other there); 0: all of it is a pure
+    delay."""
     step_overhead_ms: float | None = None
     """Fixed cost of every engine step (scheduling, launches not hidden by the GPU); None: the
     cost model's default for the hardware kind."""
+    step_overhead_per_seq_ms: float = 0.0
+    """Cost of every engine step for each request its busiest rank runs (measured; 0: none)."""
     handoff_ms: float = 0.0
     """P/D: fixed latency of a prefill-to-decode handoff besides moving the KV bytes (proxy
     hop, transfer setup, the decode side picking the request up)."""
@@ -84,7 +90,10 @@ class SimOptions:
     def serving(cls, overhead: ServingOverhead) -> SimOptions:
         """Options that apply a serving stack's fixed latencies."""
         return cls(api_overhead_ms=overhead.api_overhead_ms,
-                   step_overhead_ms=overhead.step_overhead_ms, handoff_ms=overhead.handoff_ms)
+                   api_serial_ms=overhead.api_serial_ms,
+                   step_overhead_ms=overhead.step_overhead_ms,
+                   step_overhead_per_seq_ms=overhead.step_overhead_per_seq_ms,
+                   handoff_ms=overhead.handoff_ms)
 
 
 def simulate(deployment: Deployment, workload: Workload, *,
@@ -168,6 +177,8 @@ class _Run:
             self.traffic.spread_s = self._request_seconds(a.concurrency)
         self._source: dict[int, tuple[PrefillEngine, int]] = {}
         """Request id -> the prefill instance and rank holding its KV until the transfer."""
+        self._api_free: dict[int, float] = {}
+        """id(an instance) -> when its API server is done with the requests it has."""
         self._done = 0
         self._reported = -1
 
@@ -235,6 +246,7 @@ class _Run:
             inst = instance_from_role(m, hw, role, spec, d.precision.weights,
                                       d.precision.kv_cache, a2a_gb_s=a2a,
                                       overhead_ms=self.opts.step_overhead_ms,
+                                      overhead_per_seq_ms=self.opts.step_overhead_per_seq_ms,
                                       indexer_cache=d.precision.indexer_cache)
             pricer = self.pricers[(role, a2a)] = StepPricer(inst, self.calibration,
                                                             self.opts.price_bits)
@@ -338,8 +350,9 @@ class _Run:
         return out
 
     def submit(self, rid: int) -> None:
-        """A request arrived; it reaches the scheduler after the API overhead."""
-        delay = self.opts.api_overhead_ms / 1e3
+        """A request arrived; it reaches the scheduler after the API overhead (its pure delay
+        here, its serial part at the instance's API server once routed)."""
+        delay = max(self.opts.api_overhead_ms - self.opts.api_serial_ms, 0.0) / 1e3
         if delay > 0:
             self.env.timeout(delay).callbacks.append(lambda _: self._route(rid))
         else:
@@ -351,14 +364,29 @@ class _Run:
             target = self._pick(role)
             assert isinstance(target, DecodeEngine)
             self.table.cached[rid] = self.table.input_len[rid]  # KV comes from the connector
-            target.take(rid, float(self.table.input_len[rid]))
+            decode = target.take
+            self._api_serial(target, lambda: decode(rid, float(self.table.input_len[rid])))
             return
         target, rank = self._place_prompt(role, rid)
         if isinstance(target, AggregatedEngine):
-            target.take_prompt(rid, rank)
+            prompt = target.take_prompt
+            self._api_serial(target, lambda: prompt(rid, rank))
         else:
             assert isinstance(target, PrefillEngine)
-            target.take(rid, rank)
+            prefill = target.take
+            self._api_serial(target, lambda: prefill(rid, rank))
+
+    def _api_serial(self, target: Engine, then: Callable[[], None]) -> None:
+        """`then` once the instance's API server has done its serial part of the request,
+        after those it already has (first come, first served)."""
+        serial = self.opts.api_serial_ms / 1e3
+        if serial <= 0:
+            then()
+            return
+        now = self.env.now
+        done = max(now, self._api_free.get(id(target), now)) + serial
+        self._api_free[id(target)] = done
+        self.env.timeout(done - now).callbacks.append(lambda _: then())
 
     def prefilled(self, engine: PrefillEngine, rank: int, rid: int) -> None:
         decode = self._pick("decode")

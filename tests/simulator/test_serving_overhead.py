@@ -10,6 +10,7 @@ from planner.cli import main
 from planner.evaluate import measured_overhead, overhead_for, sim_options
 from simulator.calibration.serving import (
     USER_FILE,
+    ServingOverhead,
     serving_overhead,
     user_serving_overhead,
     write_user_serving_overhead,
@@ -118,3 +119,72 @@ def test_simulate_and_step_take_the_measured_latencies(folder, tmp_path, capsys)
     assert report["provenance"]["overhead"] == "measured (fixed)"
     assert main(args) == 0
     assert "assumed fixed" in json.loads(capsys.readouterr().out)["provenance"]["overhead"]
+
+
+def test_a_pd_measurement_is_what_pd_plans_read_and_aggregated_ones_do_not(folder):
+    """On a small host a P/D deployment's steps cost more than an aggregated one's (the decode
+    engine's API server shares its core): its own fit lives in the entry's P/D part."""
+    write_user_serving_overhead(folder, "cpu", "vllm",
+                                {"step_overhead_ms": 3.0, "step_overhead_per_seq_ms": 0.25,
+                                 "handoff_ms": 12.0}, ABOUT, disaggregated=True)
+    agg = user_serving_overhead(folder, "cpu", "vllm", False)
+    pd_ = user_serving_overhead(folder, "cpu", "vllm", True)
+    assert agg is not None and pd_ is not None
+    assert (agg.step_overhead_ms, agg.step_overhead_per_seq_ms, agg.handoff_ms) == (1.5, 0.0, 0.0)
+    assert (pd_.step_overhead_ms, pd_.step_overhead_per_seq_ms, pd_.handoff_ms) == (3.0, 0.25,
+                                                                                     12.0)
+    assert pd_.api_overhead_ms == 20.0  # left out of the P/D part: the aggregated fit's
+    entry = json.loads((folder / USER_FILE).read_text())["hardware"]["cpu"]["vllm"]
+    assert entry["handoff_ms"] == 40.0 and entry["disaggregated"]["handoff_ms"] == 12.0
+
+
+def test_a_step_pays_the_measured_cost_of_each_request_it_runs(folder, tmp_path, capsys):
+    write_user_serving_overhead(folder, "cpu", "vllm", {"step_overhead_per_seq_ms": 0.5},
+                                ABOUT)
+    dep = tmp_path / "d.yaml"
+    dep.write_text(yaml.safe_dump(AGG))
+    parts = {}
+    for batch in (1, 4):
+        assert main(["step", str(dep), "--role", "aggregated", "--batch", str(batch),
+                     "--context", "64", "--json", "--calibration", str(folder)]) == 0
+        report = json.loads(capsys.readouterr().out)
+        parts[batch] = report["parts_ms"]["request_overhead"]
+        assert report["parts_ms"]["overhead"] == 1.5
+        assert report["provenance"]["request_overhead"].startswith("measured (0.5 ms per")
+    assert parts == {1: 0.5, 4: 2.0}
+
+
+def test_requests_arriving_together_wait_for_each_other_at_the_api_server():
+    """The serial part of the API overhead is spent one request at a time: four users who
+    arrive together reach the scheduler 0, 1, 2, 3 serial times apart; a lone user sees the
+    same overhead either way."""
+    from simulator.des import SimOptions, simulate
+    from simulator.specs.loading import load_workload
+
+    dep = load_deployment(AGG)
+
+    def ttfts(users: int, serial: float) -> list[float]:
+        w = load_workload({"arrival": {"kind": "closed", "concurrency": users},
+                           "requests": users, "input_tokens": {"kind": "fixed", "value": 64},
+                           "output_tokens": {"kind": "fixed", "value": 4}})
+        res = simulate(dep, w, options=SimOptions(api_overhead_ms=20.0, api_serial_ms=serial))
+        return sorted(float(t) * 1e3 for t in res.ttft_s)
+
+    assert ttfts(1, 8.0) == pytest.approx(ttfts(1, 0.0))
+    apart = ttfts(4, 0.0)
+    assert max(apart) - min(apart) < 1.0  # one prefill step for all four
+    queued = ttfts(4, 8.0)
+    assert queued[0] == pytest.approx(apart[0], abs=1.0)
+    assert queued[-1] - queued[0] == pytest.approx(3 * 8.0, abs=3.0)
+
+
+def test_the_serial_part_is_fitted_where_requests_arrive_together():
+    from kernels.from_run import fit_api_serial
+
+    def simulate(o):  # four together: the median waits 1.5 serial times
+        return {"ttft_ms": {"p50": 5.0 + o.api_overhead_ms + 1.5 * o.api_serial_ms}}
+
+    base = ServingOverhead(api_overhead_ms=10.0)
+    assert fit_api_serial(27.0, simulate, base) == pytest.approx(8.0, abs=1e-3)
+    assert fit_api_serial(12.0, simulate, base) == 0.0  # a pure delay already over-predicts
+    assert fit_api_serial(99.0, simulate, base) == 10.0  # all of it serial, and no more

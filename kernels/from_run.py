@@ -4,17 +4,22 @@ A measured TTFT and TPOT hold more than the kernels a calibration folder times: 
 engine step (scheduling, launches), the API server's, and for P/D the handoff between prefill
 and decode (simulator/calibration/serving.py). This fits them from any `rackplan bench --out
 RUN_DIR` run in serve mode (its report.json, or a sweep's load-*/report.json, of which the
-lowest concurrency is used: queueing is least there):
-- an aggregated plan: the step overhead is the measured median TPOT minus the simulated TPOT
-  without any overhead (the kernels alone), the API overhead the measured median TTFT minus the
-  simulated one with that step overhead (`fit_overheads`);
-- a P/D plan: the step and API overheads of DIR's serving_overhead.json when it has them (fit an
-  aggregated run first), else the step overhead from the TPOT as above and no API overhead; the
-  handoff is what is left of the TTFT (`fit_handoff`).
+two lowest concurrencies are used: queueing is least there):
+- the step overhead (`fit_step`): what the kernels leave of the measured median TPOT (measured
+  minus the simulated TPOT without any overhead) is a fixed part plus a part per request the
+  step runs; one run fits the fixed part alone, two runs at different loads both. The part per
+  request is the serving stack's work for each running request (output processing, and the
+  streaming of an API server that shares the engine's core, as on a small CPU host);
+- an aggregated plan: then the API overhead, the measured median TTFT minus the simulated one
+  with that step overhead (`fit_overheads`);
+- a P/D plan: its own step overhead as above (the decode engine's, which may differ from an
+  aggregated one's), the API overhead of DIR's aggregated fit when it has one (else none), and
+  the handoff, what is left of the TTFT (`fit_handoff`); written to the entry's
+  `disaggregated` part, which P/D plans read.
 All are floored at 0. The simulation uses DIR's kernel tables when DIR holds any (as `rackplan
 simulate --calibration DIR` would), and the traffic the run sent (its settings). The result goes
 to DIR/serving_overhead.json for the plan's hardware and engine, where `rackplan simulate
---calibration DIR` reads it. benchmarks/closed_loop.py fits with the same two functions.
+--calibration DIR` reads it. benchmarks/closed_loop.py fits with the same functions.
 """
 
 from __future__ import annotations
@@ -22,38 +27,106 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from simulator.calibration.serving import ServingOverhead
 from simulator.specs.errors import SpecError
 
-Simulate = Callable[[float, float, float], dict[str, Any]]
-"""(step overhead, API overhead, handoff) in ms -> `simulate --json` metrics of the run's
-traffic."""
+Simulate = Callable[[ServingOverhead], dict[str, Any]]
+"""The run's traffic simulated with these serving latencies -> `simulate --json` metrics."""
 REPORT = "report.json"
+SERIAL_STEPS = 20
+"""Bisections of the API server's serial time (to 1e-6 of the API overhead)."""
 
 
-def fit_overheads(engine_tpot_ms: float, ttft_p50_ms: float,
-                  simulate: Simulate) -> dict[str, float]:
-    """Step and API overhead from a low-concurrency run: the measured TPOT minus the simulated
-    TPOT without any overhead (the calibrated kernels alone), then the measured TTFT p50 minus
-    the simulated one with that step overhead. Both floored at 0."""
-    _check_ms("TPOT", engine_tpot_ms)
+def _tpot(metrics: dict[str, Any]) -> float:
+    return float(metrics["tpot_ms"]["p50"])
+
+
+def _ttft(metrics: dict[str, Any]) -> float:
+    return float(metrics["ttft_ms"]["p50"])
+
+
+def fit_step(runs: Sequence[tuple[float, Simulate]]) -> dict[str, float]:
+    """The step overhead from runs at different loads, each (measured TPOT, the simulation of
+    its traffic). What the kernels leave of each TPOT (measured minus simulated without any
+    overhead) is fixed + per request x the requests a step runs (as the simulation runs them:
+    how much its TPOT grows with 1 ms per request). One run fits the fixed part alone; more
+    fit both by least squares, the per-request part floored at 0, then the fixed part."""
+    for tpot, _ in runs:
+        _check_ms("TPOT", tpot)
+    bare = ServingOverhead(step_overhead_ms=0.0)
+    kernels = [_tpot(sim(bare)) for _, sim in runs]
+    left = [tpot - k for (tpot, _), k in zip(runs, kernels, strict=True)]
+    per_request = 0.0
+    if len(runs) > 1:
+        one = replace(bare, step_overhead_per_seq_ms=1.0)
+        weights = [_tpot(sim(one)) - k for (_, sim), k in zip(runs, kernels, strict=True)]
+        w_mean, l_mean = sum(weights) / len(weights), sum(left) / len(left)
+        spread = sum((w - w_mean) ** 2 for w in weights)
+        if spread > 1e-9:
+            per_request = max(0.0, sum((w - w_mean) * (x - l_mean)
+                                       for w, x in zip(weights, left, strict=True)) / spread)
+        fixed = max(0.0, l_mean - per_request * w_mean)
+    else:
+        fixed = max(0.0, left[0])
+    return {"step_overhead_ms": fixed, "step_overhead_per_seq_ms": per_request,
+            "kernel_tpot_ms": kernels[0]}
+
+
+def fit_overheads(engine_tpot_ms: float, ttft_p50_ms: float, simulate: Simulate,
+                  more: Sequence[tuple[float, Simulate]] = (),
+                  busy: tuple[float, Simulate] | None = None) -> dict[str, float]:
+    """Step and API overhead from a low-concurrency run (and `more` runs at other loads,
+    each (TPOT, simulation)): the step overhead by `fit_step`, then the measured TTFT p50
+    minus the simulated one with that step overhead. Floored at 0. `busy`: (TTFT p50, its
+    simulation) of a run where requests arrive together, which fits the API server's serial
+    part of that overhead (`fit_api_serial`)."""
     _check_ms("TTFT p50", ttft_p50_ms)
-    kernels = float(simulate(0.0, 0.0, 0.0)["tpot_ms"]["p50"])
-    step = max(0.0, engine_tpot_ms - kernels)
-    engine_ttft = float(simulate(step, 0.0, 0.0)["ttft_ms"]["p50"])
-    return {"step_overhead_ms": step, "api_overhead_ms": max(0.0, ttft_p50_ms - engine_ttft),
-            "kernel_tpot_ms": kernels, "simulated_ttft_ms": engine_ttft}
+    step = fit_step([(engine_tpot_ms, simulate), *more])
+    latencies = ServingOverhead(step_overhead_ms=step["step_overhead_ms"],
+                                step_overhead_per_seq_ms=step["step_overhead_per_seq_ms"])
+    engine_ttft = _ttft(simulate(latencies))
+    api = max(0.0, ttft_p50_ms - engine_ttft)
+    out = {**step, "api_overhead_ms": api, "simulated_ttft_ms": engine_ttft}
+    if busy is not None:
+        out["api_serial_ms"] = fit_api_serial(busy[0], busy[1],
+                                              replace(latencies, api_overhead_ms=api))
+    return out
 
 
-def fit_handoff(ttft_p50_ms: float, step_ms: float, api_ms: float, simulate: Simulate) -> float:
+def fit_api_serial(ttft_p50_ms: float, simulate: Simulate, latencies: ServingOverhead) -> float:
+    """How much of the API overhead the API server spends on each request one at a time: the
+    share at which the simulated TTFT p50 of a run whose requests arrive together meets the
+    measured one (bisection; 0 when even a pure delay over-predicts it, all of it when even
+    fully serial work under-predicts it). Serial time moves the TTFT of requests that wait for
+    each other, not of a lone one, so the API overhead fitted at one user stands."""
+    _check_ms("TTFT p50", ttft_p50_ms)
+    api = latencies.api_overhead_ms
+
+    def ttft(serial: float) -> float:
+        return _ttft(simulate(replace(latencies, api_serial_ms=serial)))
+
+    if api <= 0 or ttft(0.0) >= ttft_p50_ms:
+        return 0.0
+    if ttft(api) <= ttft_p50_ms:
+        return api
+    lo, hi = 0.0, api
+    for _ in range(SERIAL_STEPS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ttft(mid) < ttft_p50_ms else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_handoff(ttft_p50_ms: float, latencies: ServingOverhead, simulate: Simulate) -> float:
     """The P/D handoff from a low-concurrency P/D run: measured TTFT p50 minus the simulated
-    one with the step and API overheads and no handoff, floored at 0."""
+    one with the other latencies and no handoff, floored at 0."""
     _check_ms("TTFT p50", ttft_p50_ms)
-    return max(0.0, ttft_p50_ms - float(simulate(step_ms, api_ms, 0.0)["ttft_ms"]["p50"]))
+    return max(0.0, ttft_p50_ms - _ttft(simulate(replace(latencies, handoff_ms=0.0))))
 
 
 def _check_ms(what: str, value: float) -> None:
@@ -118,58 +191,91 @@ def fit_from_run(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
     from simulator.specs.workload import Workload
 
     run_dir, out = Path(run_dir), Path(out)
-    reports = run_reports(run_dir)
-    path, report = min(reports, key=lambda r: r[1]["settings"].get("max_concurrency") or 1e9)
+    reports = sorted(run_reports(run_dir),
+                     key=lambda r: r[1]["settings"].get("max_concurrency") or 1e9)
+    path, report = reports[0]
     s = report["settings"]
     plan = Path(str(report.get("plan", "")))
     if not plan.is_file():
         raise SpecError(f"{path} names the plan {str(plan)!r}, which is not a file here; run "
                         "the fit where the plan is")
     deployment, _ = load_plan_or_deployment(plan)
+    out.mkdir(parents=True, exist_ok=True)
+    hardware, engine = load_hardware(deployment.hardware).name, deployment.engine
+
+    def sim_of(settings: dict[str, Any]) -> Simulate:
+        workload = _workload(settings, Workload)
+
+        def sim(latencies: ServingOverhead) -> dict[str, Any]:
+            with _tables_of(out):
+                from planner.evaluate import calibration_for
+
+                return simulate(deployment, workload, calibration=calibration_for(deployment),
+                                options=SimOptions.serving(latencies)).metrics()
+        return sim
+
+    sim = sim_of(s)
+    tpot = _measured(report, "tpot_ms.p50", path)
+    ttft = _measured(report, "ttft_ms.p50", path)
+    # the next closed-loop load, if any, fits the per-request part of the step overhead and
+    # the API server's serial part
+    second = [(p, r) for p, r in reports[1:2] if r["settings"].get("max_concurrency")
+              and s.get("max_concurrency")
+              and r["settings"]["max_concurrency"] != s["max_concurrency"]]
+    more = [(_measured(r, "tpot_ms.p50", p), sim_of(r["settings"])) for p, r in second]
+    busy = [(_measured(r, "ttft_ms.p50", p), sim) for (p, r), (_, sim) in
+            zip(second, more, strict=True)]
+    fitted: dict[str, Any] = {"run": str(path), "plan": str(plan),
+                              "concurrency": s.get("max_concurrency"),
+                              "measured_tpot_ms": tpot, "measured_ttft_ms": ttft}
+    if second:
+        fitted.update(second_run=str(second[0][0]),
+                      second_concurrency=second[0][1]["settings"]["max_concurrency"],
+                      second_tpot_ms=more[0][0], second_ttft_ms=busy[0][0])
+    latencies: dict[str, float | None]
+    if not deployment.disaggregated:
+        got = fit_overheads(tpot, ttft, sim, more, busy[0] if busy else None)
+        fitted.update(got)
+        latencies = {k: got.get(k, 0.0) for k in (
+            "step_overhead_ms", "step_overhead_per_seq_ms", "api_overhead_ms", "api_serial_ms")}
+        latencies["handoff_ms"] = None
+    else:  # the P/D deployment's own step overhead; the API latencies of an aggregated fit
+        step = fit_step([(tpot, sim), *more])
+        known = user_serving_overhead(out, hardware, engine, False) if out.is_dir() else None
+        fitted["api_from"] = ("the folder's aggregated fit" if known is not None else
+                              "nothing: no aggregated fit in the folder, no API overhead")
+        pd = ServingOverhead(
+            api_overhead_ms=known.api_overhead_ms if known is not None else 0.0,
+            api_serial_ms=known.api_serial_ms if known is not None else 0.0,
+            step_overhead_ms=step["step_overhead_ms"],
+            step_overhead_per_seq_ms=step["step_overhead_per_seq_ms"])
+        handoff = fit_handoff(ttft, pd, sim)
+        fitted.update(step, api_overhead_ms=pd.api_overhead_ms, handoff_ms=handoff)
+        latencies = {"step_overhead_ms": step["step_overhead_ms"],
+                     "step_overhead_per_seq_ms": step["step_overhead_per_seq_ms"],
+                     "handoff_ms": handoff}
+    about = {"fitted": datetime.now(UTC).date().isoformat(),
+             "command": f"rackplan calibrate --from-run {run_dir}",
+             "rule": RULE}
+    fitted["file"] = str(write_user_serving_overhead(out, hardware, engine, latencies, about,
+                                                     disaggregated=deployment.disaggregated))
+    return fitted
+
+
+RULE = ("the two lowest-concurrency serve-mode runs: measured TPOT p50 - simulated kernels = "
+        "fixed + per request x requests a step runs (one run: fixed only); api = TTFT p50 - "
+        "simulated at the lowest load, its serial part from the TTFT p50 at the other "
+        "(aggregated); P/D: its own step overhead, the aggregated API latencies, handoff = "
+        "TTFT p50 - simulated")
+
+
+def _workload(s: dict[str, Any], workload_cls: Any) -> Any:
+    """The traffic a bench run sent, from its settings."""
     arrival = ({"kind": "closed", "concurrency": int(s["max_concurrency"])}
                if s.get("max_concurrency") else {"kind": "poisson", "rate": s["request_rate"]})
     total_in = int(s["input_len"]) + int(s.get("prefix_len") or 0)
-    workload = Workload.model_validate({
+    return workload_cls.model_validate({
         "arrival": arrival, "requests": int(s["num_prompts"]), "seed": int(s.get("seed", 0)),
         "input_tokens": {"kind": "fixed", "value": total_in},
         "output_tokens": {"kind": "fixed", "value": int(s["output_len"])},
         "prefix_hit_rate": int(s.get("prefix_len") or 0) / total_in})
-    tpot = _measured(report, "tpot_ms.p50", path)
-    ttft = _measured(report, "ttft_ms.p50", path)
-    out.mkdir(parents=True, exist_ok=True)
-    hardware, engine = load_hardware(deployment.hardware).name, deployment.engine
-
-    def sim(step: float, api: float, handoff: float) -> dict[str, Any]:
-        with _tables_of(out):
-            from planner.evaluate import calibration_for
-
-            return simulate(deployment, workload, calibration=calibration_for(deployment),
-                            options=SimOptions(step_overhead_ms=step, api_overhead_ms=api,
-                                               handoff_ms=handoff)).metrics()
-
-    fitted: dict[str, Any] = {"run": str(path), "plan": str(plan),
-                              "concurrency": s.get("max_concurrency"),
-                              "measured_tpot_ms": tpot, "measured_ttft_ms": ttft}
-    latencies: dict[str, float | None]
-    if not deployment.disaggregated:
-        got = fit_overheads(tpot, ttft, sim)
-        fitted.update(got)
-        latencies = {"step_overhead_ms": got["step_overhead_ms"],
-                     "api_overhead_ms": got["api_overhead_ms"], "handoff_ms": None}
-    else:
-        known = user_serving_overhead(out, hardware, engine, True) if out.is_dir() else None
-        if known is not None and known.step_overhead_ms is not None:
-            step, api = known.step_overhead_ms, known.api_overhead_ms
-            fitted["from_folder"] = "step and API overheads"
-        else:
-            step, api = fit_overheads(tpot, ttft, sim)["step_overhead_ms"], 0.0
-            fitted["from_folder"] = "nothing: step overhead from this run's TPOT, no API overhead"
-        handoff = fit_handoff(ttft, step, api, sim)
-        fitted.update(step_overhead_ms=step, api_overhead_ms=api, handoff_ms=handoff)
-        latencies = {"step_overhead_ms": step, "api_overhead_ms": api, "handoff_ms": handoff}
-    about = {"fitted": datetime.now(UTC).date().isoformat(),
-             "command": f"rackplan calibrate --from-run {run_dir}",
-             "rule": "lowest-concurrency serve-mode run: step = measured TPOT p50 - simulated "
-                     "kernels; api = TTFT p50 - simulated; P/D handoff = TTFT p50 - simulated"}
-    fitted["file"] = str(write_user_serving_overhead(out, hardware, engine, latencies, about))
-    return fitted

@@ -5,11 +5,13 @@ import importlib.util
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from executor.backends.local import default_vllm, group_members
+from simulator.calibration.serving import ServingOverhead
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "closed_loop.py"
@@ -32,10 +34,11 @@ def fake_simulate(kernel_ms=0.8, prefill_ms=3.0):
     the API overhead and the handoff, as at concurrency 1."""
     calls = []
 
-    def simulate(step, api, handoff):
-        calls.append((step, api, handoff))
+    def simulate(o):
+        step = o.step_overhead_ms or 0.0
+        calls.append((step, o.api_overhead_ms, o.handoff_ms))
         return {"tpot_ms": {"p50": kernel_ms + step},
-                "ttft_ms": {"p50": prefill_ms + step + api + handoff}}
+                "ttft_ms": {"p50": prefill_ms + step + o.api_overhead_ms + o.handoff_ms}}
 
     return simulate, calls
 
@@ -48,7 +51,9 @@ def test_fit_recovers_step_and_api_overheads_from_synthetic_measurements():
     assert fit["simulated_ttft_ms"] == pytest.approx(4.5)
     assert fit["api_overhead_ms"] == pytest.approx(25.5)
     assert calls[0] == (0.0, 0.0, 0.0)  # the kernels alone first
-    handoff = cl.fit_handoff(60.0, fit["step_overhead_ms"], fit["api_overhead_ms"], simulate)
+    handoff = cl.fit_handoff(60.0, ServingOverhead(step_overhead_ms=fit["step_overhead_ms"],
+                                                   api_overhead_ms=fit["api_overhead_ms"]),
+                             simulate)
     assert handoff == pytest.approx(30.0)
 
 
@@ -98,15 +103,16 @@ def test_engine_figures_are_the_means_between_two_reads():
 
 def test_points_score_errors_against_the_measurement_and_the_targets():
     p = cl.Point("aggregated", 4, 16,
-                 predicted={"ttft_ms": 13.0, "tpot_ms": 2.0, "itl_ms": 2.0, "output_tok_s": 90.0},
+                 predicted={"ttft_ms": 11.5, "tpot_ms": 2.3, "itl_ms": 2.0, "output_tok_s": 90.0},
                  measured={"ttft_ms": 10.0, "tpot_ms": 2.5, "itl_ms": 0.0, "output_tok_s": None},
                  spread={"ttft_ms": [8.0, 12.0], "tpot_ms": [2.5, 2.5], "itl_ms": [0.0, 0.0],
                          "output_tok_s": None}, runs=3, streamed=0.25,
                  engine={"aggregated-0": {"tpot_mean_ms": 2.4, "queue_mean_ms": 1.0,
                                           "prefill_mean_ms": 4.0, "ttft_mean_ms": 7.0,
                                           "generated_per_step": 3.5}}, load=(1.0, 1.5))
-    assert p.error("ttft_ms") == pytest.approx(0.3) and p.within("ttft_ms") is True
-    assert p.error("tpot_ms") == pytest.approx(-0.2) and p.within("tpot_ms") is True
+    assert p.error("ttft_ms") == pytest.approx(0.15) and p.within("ttft_ms") is True
+    assert p.error("tpot_ms") == pytest.approx(-0.08) and p.within("tpot_ms") is True
+    assert replace(p, predicted={**p.predicted, "tpot_ms": 2.0}).within("tpot_ms") is False
     assert p.error("itl_ms") is None and p.within("itl_ms") is None  # measured 0
     assert p.within("output_tok_s") is None
     d = p.to_dict()
@@ -117,11 +123,11 @@ def test_points_score_errors_against_the_measurement_and_the_targets():
               "settings": vars(cl.Settings()) | {"concurrencies": [1, 4, 16]},
               "fit": {"step_overhead_ms": 1.5, "api_overhead_ms": 20.0}}
     md = cl.to_markdown(report, [p])
-    assert "| aggregated | 4 | 13 / 10 [8-12] (+30%) | 2 / 2.5 [2.5-2.5] (-20%) |" in md
+    assert "| aggregated | 4 | 11.5 / 10 [8-12] (+15%) | 2.3 / 2.5 [2.5-2.5] (-8%) |" in md
     assert "| 90 / n/a (n/a) | yes / yes /  |" in md
-    assert "| aggregated | 4 | 16 x 3 | 25% | 2 / 2.4 (-17%) | 3.5 | 5 | 7 | 1.0 / 1.5 |" in md
-    assert p.engine_tpot_error() == pytest.approx(2.0 / 2.4 - 1)
-    assert "P/D handoff not fitted" in md and "step overhead 1.50 ms" in md
+    assert "| aggregated | 4 | 16 x 3 | 25% | 2.3 / 2.4 (-4%) | 3.5 | 5 | 7 | 1.0 / 1.5 |" in md
+    assert p.engine_tpot_error() == pytest.approx(2.3 / 2.4 - 1)
+    assert "handoff not fitted" in md and "aggregated step overhead 1.50 ms" in md
 
 
 def test_runs_combine_to_their_median_and_range_and_bursts_are_counted():

@@ -43,14 +43,51 @@ def test_the_fit_gives_back_the_measured_medians_and_then_the_handoff(tmp_path, 
     assert got["tpot_ms"]["p50"] == pytest.approx(9.0, rel=0.02)
     assert got["ttft_ms"]["p50"] == pytest.approx(120.0, rel=0.02)
 
-    pd = recorded_run(tmp_path, TINY_PD, "pd", median_tpot_ms=9.0, p50_tpot_ms=9.0,
+    # a P/D run fits its own (here slower) steps, keeps the aggregated API overhead, and
+    # leaves the aggregated plan's prediction as it was
+    pd = recorded_run(tmp_path, TINY_PD, "pd", median_tpot_ms=12.0, p50_tpot_ms=12.0,
                       median_ttft_ms=200.0, p50_ttft_ms=200.0)
     capsys.readouterr()
     assert main(["calibrate", "--from-run", str(pd), "--out", str(cal), "--json"]) == 0
     fitted_pd = json.loads(capsys.readouterr().out)
-    assert fitted_pd["from_folder"] == "step and API overheads"  # the aggregated run's
+    assert fitted_pd["api_from"] == "the folder's aggregated fit"
+    assert fitted_pd["api_overhead_ms"] == pytest.approx(fitted["api_overhead_ms"])
     assert fitted_pd["handoff_ms"] > 0
-    assert simulated(TINY_PD, cal, capsys)["ttft_ms"]["p50"] == pytest.approx(200.0, rel=0.02)
+    got_pd = simulated(TINY_PD, cal, capsys)
+    assert got_pd["ttft_ms"]["p50"] == pytest.approx(200.0, rel=0.02)
+    assert got_pd["tpot_ms"]["p50"] == pytest.approx(12.0, rel=0.02)
+    assert simulated(TINY_AGG, cal, capsys)["tpot_ms"]["p50"] == pytest.approx(9.0, rel=0.02)
+
+
+def plan_at(tmp_path: Path, plan: Path, concurrency: int) -> Path:
+    """A copy of `plan` whose closed loop has `concurrency` users."""
+    text = plan.read_text().replace("arrival: {kind: closed, concurrency: 4}",
+                                    f"arrival: {{kind: closed, concurrency: {concurrency}}}")
+    assert f"concurrency: {concurrency}}}" in text
+    path = tmp_path / f"{plan.stem}-c{concurrency}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_two_loads_fit_a_step_cost_per_running_request(tmp_path, capsys):
+    """TPOT that grows with the batch faster than the kernels do (an API server sharing the
+    engine's core) is fitted as fixed + per request, and each load's TPOT comes back."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    tpots = {1: 6.0, 8: 13.0}
+    plans = {c: plan_at(tmp_path, TINY_AGG, c) for c in tpots}
+    for c, tpot in tpots.items():
+        run = recorded_run(tmp_path, plans[c], f"c{c}", median_tpot_ms=tpot, p50_tpot_ms=tpot,
+                           median_ttft_ms=40.0, p50_ttft_ms=40.0)
+        run.rename(sweep / f"load-{c}")
+    cal = tmp_path / "cal"
+    capsys.readouterr()
+    assert main(["calibrate", "--from-run", str(sweep), "--out", str(cal), "--json"]) == 0
+    fitted = json.loads(capsys.readouterr().out)
+    assert fitted["concurrency"] == 1 and fitted["second_concurrency"] == 8
+    assert fitted["step_overhead_per_seq_ms"] > 0.3
+    for c, tpot in tpots.items():
+        assert simulated(plans[c], cal, capsys)["tpot_ms"]["p50"] == pytest.approx(tpot, rel=0.05)
 
 
 @pytest.mark.parametrize(("extra", "needle"), [

@@ -183,8 +183,19 @@ def gpus_here() -> int:
 def check_fits_here(deployment: Deployment, gpus: int | None = None) -> None:
     """Refuse, before anything starts, a GPU deployment larger than this machine: the local
     backend puts every rank of every instance here. `gpus`: what this machine has (default:
-    counted with nvidia-smi). The cpu hardware runs on this machine's cores."""
+    counted with nvidia-smi). The cpu hardware runs on this machine's cores, without a host KV
+    tier: vLLM 0.32's CPU build refuses both its offloading connectors (OffloadingConnector's
+    CPU spec: "only supported on CUDA-alike and XPU GPUs"; SimpleCPUOffloadConnector copies on
+    CUDA streams), after a minute of start-up."""
     if deployment.hardware == "cpu":
+        tiered = [(name, r.host_cache_gb) for name, r in deployment.roles.items()
+                  if r.host_cache_gb > 0]
+        if tiered:
+            name, gib = tiered[0]
+            raise LaunchError(f"the {name} role asks for a host KV tier (host_cache_gb "
+                              f"{gib:g}), which vLLM's CPU build cannot run (its offloading "
+                              "connectors need a CUDA or XPU GPU); set host_cache_gb: 0 to "
+                              "deploy it here, or deploy it on GPUs")
         return
     need = deployment.gpus_used
     have = gpus_here() if gpus is None else gpus

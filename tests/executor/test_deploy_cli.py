@@ -330,3 +330,7 @@ def test_check_fits_here_counts_every_rank_of_every_instance():
     from simulator.specs.deployment import Deployment
 
     check_fits_here(Deployment.model_validate(CPU_PLAN), gpus=0)  # runs on this machine's cores
+    tiered = {**CPU_PLAN, "decode": {"max_num_seqs": 8, "host_cache_gb": 2}}
+    with pytest.raises(LaunchError, match=r"decode role asks for a host KV tier \(host_cache_gb "
+                                          r"2\), which vLLM's CPU build cannot run"):
+        check_fits_here(Deployment.model_validate(tiered), gpus=0)

@@ -259,17 +259,34 @@ def deploy(page: Page, out: Path, seen: Seen, flavors: tuple[str, ...] = (
     page.get_by_role("heading", name="Deploy").wait_for()
     settle(page)
     choose_option(page, "Target", "kubernetes")
+    codes = page.locator('[data-testid="stCode"]')
+    before = ""
     for n, flavor in enumerate(flavors):
         if n:
             choose_option(page, "Flavor", flavor)
-        codes = page.locator('[data-testid="stCode"]')
         codes.first.wait_for()
-        seen.manifests[flavor] = "\n".join(c.text_content() or "" for c in codes.all())
+        seen.manifests[flavor] = before = _new_text(page, codes, before)
         if n == 0:
             seen.zip_button = page.get_by_role(
                 "button", name=re.compile("Download the folder")).count() == 1
             _shot(page, seen, out, "deploy", page.get_by_role("heading", name="Deploy"),
                   page.locator('[data-testid="stMainBlockContainer"]'))
+
+
+def _new_text(page: Page, codes: Locator, before: str,
+              timeout_ms: int = RUN_TIMEOUT_MS) -> str:
+    """The code blocks' text once it is no longer `before` (the previous flavor's): on a
+    loaded machine the rerun a selection starts may begin after `settle` has looked."""
+    waited = 0
+    while True:
+        text = "\n".join(c.text_content() or "" for c in codes.all())
+        if text != before or waited >= timeout_ms:
+            settle(page)  # the rerun drawn to its end
+            return "\n".join(c.text_content() or "" for c in codes.all())
+        page.wait_for_timeout(200)
+        waited += 200
+        if waited % 2000 == 0:
+            settle(page)
 
 
 def tour(url: str, executable: str, out: Path) -> Seen:

@@ -53,7 +53,7 @@ from executor.backends.local import (
 )
 from executor.bench import RESULT_FILE, run_bench
 from executor.tinymodel import ensure_tiny_model
-from kernels.from_run import fit_handoff, fit_overheads, fit_step
+from kernels.from_run import FitRun, fit_serving
 from planner.evaluate import sim_options
 from planner.plan import load_plan_or_deployment
 from simulator.calibration.serving import ServingOverhead, write_user_serving_overhead
@@ -484,8 +484,7 @@ class Loop:
         top = max(s.fit_concurrencies)  # every batch size the fit will see, once
         self.measure(backend, f"{role}-warmup", deployment,
                      workload_dict(s, top, max(s.warmup_prompts, 2 * top), s.seed + 2))
-        runs: list[tuple[float, Any]] = []
-        ttfts: list[float] = []
+        runs: list[FitRun] = []
         for c in s.fit_concurrencies:
             fit_load = workload_dict(s, c, max(s.fit_prompts, 2 * c), s.seed + 1)
             name = f"{role}-fit" if c == s.fit_concurrencies[0] else f"{role}-fit-c{c}"
@@ -494,17 +493,16 @@ class Loop:
             if ttft is None:
                 raise RuntimeError(f"the {role} fitting runs at concurrency {c} measured no "
                                    "TTFT")
-            if not ttfts:
+            if not runs:
                 self.fit[f"{role}_streamed"] = streamed_share(got.results)
-            ttfts.append(ttft)
             self.fit[f"{role}_ttft_p50_ms_c{c}"] = ttft
             tpot = engine_view(Point(role, c, 0, {}, {}, engine=got.engines))["tpot_mean_ms"]
             if tpot is None:
                 raise RuntimeError(f"the {role} fitting runs at concurrency {c} left no engine "
                                    "TPOT in vLLM's /metrics")
             self.fit[f"{role}_engine_tpot_ms_c{c}"] = tpot
-            runs.append((tpot, self._sim(deployment, load_workload(fit_load))))
-        ttft = ttfts[0]
+            runs.append((tpot, ttft, self._sim(deployment, load_workload(fit_load))))
+        ttft = runs[0][1]
         loads = ", ".join(map(str, s.fit_concurrencies))
         about = {"fitted": datetime.now(UTC).date().isoformat(),
                  "command": "benchmarks/closed_loop.py",
@@ -513,30 +511,18 @@ class Loop:
                          "a step runs; api = TTFT p50 - simulated (aggregated, first load), its "
                          "serial part from the TTFT p50 at the other; handoff = P/D TTFT p50 - "
                          "simulated"}
-        latencies: dict[str, float | None]
         if role == "aggregated":
-            busy = (ttfts[-1], runs[-1][1]) if len(runs) > 1 else None
-            fitted = fit_overheads(runs[0][0], ttft, runs[0][1], runs[1:], busy)
+            fitted, latencies = fit_serving(runs, False)
             self.fit.update(fitted, ttft_p50_ms=ttft)
-            latencies = {k: fitted.get(k, 0.0) for k in (
-                "step_overhead_ms", "step_overhead_per_seq_ms", "api_overhead_ms",
-                "api_serial_ms")}
-            latencies["handoff_ms"] = None  # a handoff fitted before belongs to older ones
         else:
             if "api_overhead_ms" not in self.fit:
                 raise RuntimeError("the P/D handoff is fitted after the aggregated plan's API "
                                    "overhead; run the aggregated plan first")
-            step = fit_step(runs)
-            pd = ServingOverhead(api_overhead_ms=self.fit["api_overhead_ms"],
-                                 api_serial_ms=self.fit.get("api_serial_ms", 0.0),
-                                 step_overhead_ms=step["step_overhead_ms"],
-                                 step_overhead_per_seq_ms=step["step_overhead_per_seq_ms"])
-            handoff = fit_handoff(ttft, pd, runs[0][1])
-            self.fit.update({f"pd_{k}": v for k, v in step.items()}, handoff_ms=handoff,
-                            pd_ttft_p50_ms=ttft)
-            latencies = {"step_overhead_ms": step["step_overhead_ms"],
-                         "step_overhead_per_seq_ms": step["step_overhead_per_seq_ms"],
-                         "handoff_ms": handoff}
+            api = ServingOverhead(api_overhead_ms=self.fit["api_overhead_ms"],
+                                  api_serial_ms=self.fit.get("api_serial_ms", 0.0))
+            fitted, latencies = fit_serving(runs, True, api)
+            self.fit.update({f"pd_{k}": v for k, v in fitted.items()},
+                            handoff_ms=fitted["handoff_ms"], pd_ttft_p50_ms=ttft)
         write_user_serving_overhead(self.calibration, load_hardware(deployment.hardware).name,
                                     deployment.engine, latencies, about,
                                     disaggregated=role != "aggregated")
@@ -566,7 +552,6 @@ class Loop:
                 f"{m} {_num(point.predicted[m])}/{_num(point.measured[m])}" for m in METRICS)
                 + f", streamed {_share(point.streamed)}")
 
-
     def decode_only(self, deployment: Deployment) -> None:
         """The P/D plan's decode role alone (vLLM's DecodeBenchConnector fills each request's
         KV: no prefill) at each of `decode_contexts` and `decode_concurrency` users, as
@@ -585,17 +570,16 @@ class Loop:
                                       mode="decode_only", context=context, model=self.model,
                                       timeout_s=BENCH_TIMEOUT_S)
             (got,) = report.points
-            rows = dict(DECODE_ROWS)
             point = Point(f"decode_only ctx {context}", c, s.prompts(c),
-                          {m: got.row(r).predicted for m, r in rows.items()},
-                          {m: got.row(r).measured for m, r in rows.items()})
+                          {m: got.row(r).predicted for m, r in DECODE_ROWS.items()},
+                          {m: got.row(r).measured for m, r in DECODE_ROWS.items()})
             self.points.append(point)
             say(f"{point.plan} c={c}: " + ", ".join(
-                f"{m} {_num(point.predicted[m])}/{_num(point.measured[m])}" for m in rows))
+                f"{m} {_num(point.predicted[m])}/{_num(point.measured[m])}" for m in DECODE_ROWS))
 
 
-DECODE_ROWS = (("tpot_ms", "tpot_ms.p50"), ("itl_ms", "itl_ms.p50"),
-               ("output_tok_s", "output_throughput_tok_s"))
+DECODE_ROWS = {"tpot_ms": "tpot_ms.p50", "itl_ms": "itl_ms.p50",
+               "output_tok_s": "output_throughput_tok_s"}
 """The decode_only bench's comparison rows behind the loop's metrics (it measures no TTFT)."""
 
 

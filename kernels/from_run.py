@@ -31,10 +31,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.calibration.serving import ServingOverhead
 from simulator.specs.errors import SpecError
+
+if TYPE_CHECKING:
+    from simulator.specs.workload import Workload
 
 Simulate = Callable[[ServingOverhead], dict[str, Any]]
 """The run's traffic simulated with these serving latencies -> `simulate --json` metrics."""
@@ -129,6 +132,37 @@ def fit_handoff(ttft_p50_ms: float, latencies: ServingOverhead, simulate: Simula
     return max(0.0, ttft_p50_ms - _ttft(simulate(replace(latencies, handoff_ms=0.0))))
 
 
+FitRun = tuple[float, float, Simulate]
+"""One load's fitting runs: (measured TPOT, measured TTFT p50, the simulation of its traffic)."""
+
+
+def fit_serving(runs: Sequence[FitRun], disaggregated: bool,
+                api: ServingOverhead | None = None
+                ) -> tuple[dict[str, float], dict[str, float | None]]:
+    """The serving latencies from runs at one load or more, the lowest first: (what was
+    fitted, the latencies to write). Aggregated: `fit_overheads`, the API server's serial part
+    from the highest load when there are two. P/D: its own step overhead (`fit_step`), the API
+    latencies of `api` (an aggregated fit; None: none), and the handoff at the lowest load."""
+    (tpot, ttft, sim), rest = runs[0], runs[1:]
+    more = [(t, s) for t, _, s in rest]
+    if not disaggregated:
+        busy = (rest[-1][1], rest[-1][2]) if rest else None
+        got = fit_overheads(tpot, ttft, sim, more, busy)
+        latencies: dict[str, float | None] = {k: got.get(k, 0.0) for k in (
+            "step_overhead_ms", "step_overhead_per_seq_ms", "api_overhead_ms", "api_serial_ms")}
+        latencies["handoff_ms"] = None  # a handoff fitted before belongs to older latencies
+        return got, latencies
+    step = fit_step([(tpot, sim), *more])
+    base = api or ServingOverhead()
+    pd = ServingOverhead(api_overhead_ms=base.api_overhead_ms, api_serial_ms=base.api_serial_ms,
+                         step_overhead_ms=step["step_overhead_ms"],
+                         step_overhead_per_seq_ms=step["step_overhead_per_seq_ms"])
+    handoff = fit_handoff(ttft, pd, sim)
+    return ({**step, "api_overhead_ms": pd.api_overhead_ms, "handoff_ms": handoff},
+            {"step_overhead_ms": pd.step_overhead_ms,
+             "step_overhead_per_seq_ms": pd.step_overhead_per_seq_ms, "handoff_ms": handoff})
+
+
 def _check_ms(what: str, value: float) -> None:
     if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
         raise SpecError(f"the measured {what} is {value!r}; the fit needs a finite number "
@@ -188,7 +222,6 @@ def fit_from_run(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
     from simulator.calibration.serving import user_serving_overhead, write_user_serving_overhead
     from simulator.des import SimOptions, simulate
     from simulator.specs.hardware import load_hardware
-    from simulator.specs.workload import Workload
 
     run_dir, out = Path(run_dir), Path(out)
     reports = sorted(run_reports(run_dir),
@@ -204,7 +237,7 @@ def fit_from_run(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
     hardware, engine = load_hardware(deployment.hardware).name, deployment.engine
 
     def sim_of(settings: dict[str, Any]) -> Simulate:
-        workload = _workload(settings, Workload)
+        workload = _workload(settings)
 
         def sim(latencies: ServingOverhead) -> dict[str, Any]:
             with _tables_of(out):
@@ -214,46 +247,27 @@ def fit_from_run(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
                                 options=SimOptions.serving(latencies)).metrics()
         return sim
 
-    sim = sim_of(s)
-    tpot = _measured(report, "tpot_ms.p50", path)
-    ttft = _measured(report, "ttft_ms.p50", path)
     # the next closed-loop load, if any, fits the per-request part of the step overhead and
     # the API server's serial part
-    second = [(p, r) for p, r in reports[1:2] if r["settings"].get("max_concurrency")
-              and s.get("max_concurrency")
-              and r["settings"]["max_concurrency"] != s["max_concurrency"]]
-    more = [(_measured(r, "tpot_ms.p50", p), sim_of(r["settings"])) for p, r in second]
-    busy = [(_measured(r, "ttft_ms.p50", p), sim) for (p, r), (_, sim) in
-            zip(second, more, strict=True)]
+    used = [(path, report)] + [
+        (p, r) for p, r in reports[1:2] if r["settings"].get("max_concurrency")
+        and s.get("max_concurrency") and r["settings"]["max_concurrency"] != s["max_concurrency"]]
+    runs = [(_measured(r, "tpot_ms.p50", p), _measured(r, "ttft_ms.p50", p),
+             sim_of(r["settings"])) for p, r in used]
     fitted: dict[str, Any] = {"run": str(path), "plan": str(plan),
                               "concurrency": s.get("max_concurrency"),
-                              "measured_tpot_ms": tpot, "measured_ttft_ms": ttft}
-    if second:
-        fitted.update(second_run=str(second[0][0]),
-                      second_concurrency=second[0][1]["settings"]["max_concurrency"],
-                      second_tpot_ms=more[0][0], second_ttft_ms=busy[0][0])
-    latencies: dict[str, float | None]
-    if not deployment.disaggregated:
-        got = fit_overheads(tpot, ttft, sim, more, busy[0] if busy else None)
-        fitted.update(got)
-        latencies = {k: got.get(k, 0.0) for k in (
-            "step_overhead_ms", "step_overhead_per_seq_ms", "api_overhead_ms", "api_serial_ms")}
-        latencies["handoff_ms"] = None
-    else:  # the P/D deployment's own step overhead; the API latencies of an aggregated fit
-        step = fit_step([(tpot, sim), *more])
+                              "measured_tpot_ms": runs[0][0], "measured_ttft_ms": runs[0][1]}
+    if len(used) > 1:
+        fitted.update(second_run=str(used[1][0]),
+                      second_concurrency=used[1][1]["settings"]["max_concurrency"],
+                      second_tpot_ms=runs[1][0], second_ttft_ms=runs[1][1])
+    known = None
+    if deployment.disaggregated:  # the API latencies of an aggregated fit, when there is one
         known = user_serving_overhead(out, hardware, engine, False) if out.is_dir() else None
         fitted["api_from"] = ("the folder's aggregated fit" if known is not None else
                               "nothing: no aggregated fit in the folder, no API overhead")
-        pd = ServingOverhead(
-            api_overhead_ms=known.api_overhead_ms if known is not None else 0.0,
-            api_serial_ms=known.api_serial_ms if known is not None else 0.0,
-            step_overhead_ms=step["step_overhead_ms"],
-            step_overhead_per_seq_ms=step["step_overhead_per_seq_ms"])
-        handoff = fit_handoff(ttft, pd, sim)
-        fitted.update(step, api_overhead_ms=pd.api_overhead_ms, handoff_ms=handoff)
-        latencies = {"step_overhead_ms": step["step_overhead_ms"],
-                     "step_overhead_per_seq_ms": step["step_overhead_per_seq_ms"],
-                     "handoff_ms": handoff}
+    got, latencies = fit_serving(runs, deployment.disaggregated, known)
+    fitted.update(got)
     about = {"fitted": datetime.now(UTC).date().isoformat(),
              "command": f"rackplan calibrate --from-run {run_dir}",
              "rule": RULE}
@@ -269,12 +283,14 @@ RULE = ("the two lowest-concurrency serve-mode runs: measured TPOT p50 - simulat
         "TTFT p50 - simulated")
 
 
-def _workload(s: dict[str, Any], workload_cls: Any) -> Any:
+def _workload(s: dict[str, Any]) -> Workload:
     """The traffic a bench run sent, from its settings."""
+    from simulator.specs.workload import Workload
+
     arrival = ({"kind": "closed", "concurrency": int(s["max_concurrency"])}
                if s.get("max_concurrency") else {"kind": "poisson", "rate": s["request_rate"]})
     total_in = int(s["input_len"]) + int(s.get("prefix_len") or 0)
-    return workload_cls.model_validate({
+    return Workload.model_validate({
         "arrival": arrival, "requests": int(s["num_prompts"]), "seed": int(s.get("seed", 0)),
         "input_tokens": {"kind": "fixed", "value": total_in},
         "output_tokens": {"kind": "fixed", "value": int(s["output_len"])},

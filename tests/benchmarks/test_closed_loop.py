@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from executor.backends.local import default_vllm, group_members
+from kernels.from_run import fit_handoff, fit_overheads
 from simulator.calibration.serving import ServingOverhead
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,24 +46,24 @@ def fake_simulate(kernel_ms=0.8, prefill_ms=3.0):
 
 def test_fit_recovers_step_and_api_overheads_from_synthetic_measurements():
     simulate, calls = fake_simulate()
-    fit = cl.fit_overheads(engine_tpot_ms=2.3, ttft_p50_ms=30.0, simulate=simulate)
+    fit = fit_overheads(engine_tpot_ms=2.3, ttft_p50_ms=30.0, simulate=simulate)
     assert fit["kernel_tpot_ms"] == pytest.approx(0.8)
     assert fit["step_overhead_ms"] == pytest.approx(1.5)
     assert fit["simulated_ttft_ms"] == pytest.approx(4.5)
     assert fit["api_overhead_ms"] == pytest.approx(25.5)
     assert calls[0] == (0.0, 0.0, 0.0)  # the kernels alone first
-    handoff = cl.fit_handoff(60.0, ServingOverhead(step_overhead_ms=fit["step_overhead_ms"],
-                                                   api_overhead_ms=fit["api_overhead_ms"]),
-                             simulate)
+    handoff = fit_handoff(60.0, ServingOverhead(step_overhead_ms=fit["step_overhead_ms"],
+                                                api_overhead_ms=fit["api_overhead_ms"]),
+                          simulate)
     assert handoff == pytest.approx(30.0)
 
 
 def test_fit_floors_at_zero_and_refuses_non_numbers():
     simulate, _ = fake_simulate(kernel_ms=5.0, prefill_ms=50.0)
-    fit = cl.fit_overheads(engine_tpot_ms=2.0, ttft_p50_ms=10.0, simulate=simulate)
+    fit = fit_overheads(engine_tpot_ms=2.0, ttft_p50_ms=10.0, simulate=simulate)
     assert fit["step_overhead_ms"] == 0.0 and fit["api_overhead_ms"] == 0.0
     with pytest.raises(ValueError, match="TTFT p50 is nan"):
-        cl.fit_overheads(2.0, float("nan"), simulate)
+        fit_overheads(2.0, float("nan"), simulate)
 
 
 PROM_BEFORE = """# HELP vllm:e2e_request_latency_seconds x

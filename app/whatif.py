@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.evaluate import calibration_for, check_workload_fits, sim_options
+from planner.evaluate import calibration_for, check_workload_fits, overhead_for
 from simulator.cost.step import Batch, StepTime, step_time
 from simulator.des import SimOptions, SimResult, Timeline, simulate
 from simulator.des.experts import ExpertLoad, power_law_popularity
@@ -97,11 +97,11 @@ def run_whatif(deployment: Deployment, workload: Workload,
     start = time.monotonic()
     check_workload_fits(workload, load_model(deployment.model))
     calibration = calibration_for(deployment)
-    options = sim_options(deployment)
+    overhead = overhead_for(deployment)
+    options = SimOptions.serving(overhead)  # as sim_options gives them
     result = simulate(deployment, workload, calibration=calibration, progress=progress,
                       options=options)
-    resolved = resolve(deployment, calibration, overhead_ms=options.step_overhead_ms,
-                       overhead_per_seq_ms=options.step_overhead_per_seq_ms)
+    resolved = resolve(deployment, calibration, overhead=overhead)
     return WhatIf(deployment=deployment, workload=workload, result=result,
                   metrics=result.metrics(), steps=step_views(resolved, result),
                   experts=expert_views(resolved, workload, options),

@@ -96,9 +96,7 @@ def exhaustive(space: SearchSpace, workload: Workload, evaluate: Simulator,
         deployment = deployment_from_params(space, params)
         overhead = overhead_for(deployment)
         try:
-            resolved = check(deployment, space, calibration_for(deployment),
-                             overhead_ms=overhead.step_overhead_ms,
-                             overhead_per_seq_ms=overhead.step_overhead_per_seq_ms)
+            resolved = check(deployment, space, calibration_for(deployment), overhead=overhead)
         except SpecError:
             continue
         pd = deployment.disaggregated

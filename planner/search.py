@@ -488,8 +488,7 @@ class Loop:
         overhead = overhead_for(deployment)
         try:
             resolved = check(deployment, self.config.space, calibration_for(deployment),
-                             overhead_ms=overhead.step_overhead_ms,
-                             overhead_per_seq_ms=overhead.step_overhead_per_seq_ms)
+                             overhead=overhead)
         except SpecError as e:
             return self._prune(trial, {**record, "stage": "rejected", "reason": str(e)},
                                REJECTED_VIOLATION)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from simulator.calibration import Calibration
+from simulator.calibration.serving import ServingOverhead
 from simulator.cost.memory import check_memory
 from simulator.resolve import Resolved, resolve
 from simulator.specs.deployment import (
@@ -359,8 +360,8 @@ def _role_points(space: SearchSpace, role: str) -> Iterator[dict[str, Any]]:
 
 
 def check(deployment: Deployment, space: SearchSpace,
-          calibration: Calibration | None = None, overhead_ms: float | None = None,
-          overhead_per_seq_ms: float = 0.0) -> Resolved:
+          calibration: Calibration | None = None,
+          overhead: ServingOverhead | None = None) -> Resolved:
     """The resolved deployment, or SpecError saying why it cannot run: over the GPU budget,
     a vLLM rule, memory, or topology."""
     used = deployment.gpus_used
@@ -368,8 +369,7 @@ def check(deployment: Deployment, space: SearchSpace,
         parts = ", ".join(f"{name} {r.instances} x {r.layout}"
                           for name, r in deployment.roles.items())
         raise SpecError(f"uses {used} GPUs ({parts}) but the budget is {space.gpus}")
-    return resolve(deployment, calibration, overhead_ms=overhead_ms,
-                   overhead_per_seq_ms=overhead_per_seq_ms)
+    return resolve(deployment, calibration, overhead=overhead)
 
 
 def deployment_key(deployment: Deployment) -> str:

@@ -36,8 +36,7 @@ def step_report(deployment_path: str | Path, role: str, batch: int, context: int
                         "whole KV length as --context")
     dep = load_deployment(Path(deployment_path))
     measured = measured_overhead(dep)
-    res = resolve(dep, overhead_ms=measured.step_overhead_ms if measured else None,
-                  overhead_per_seq_ms=measured.step_overhead_per_seq_ms if measured else 0.0)
+    res = resolve(dep, overhead=measured)
     if role not in res.roles:
         raise SpecError(f"--role={role!r} is not in {deployment_path}; it has "
                         f"{', '.join(res.roles)}")

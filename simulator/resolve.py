@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.calibration import Calibration, load_calibration
+from simulator.calibration.serving import ServingOverhead
 from simulator.cost.memory import RankMemory, check_memory
 from simulator.cost.step import Instance, instance_from_role
 from simulator.specs.deployment import Deployment, RoleSpec, check_against_model
@@ -48,8 +49,10 @@ class Resolved:
 
 
 def resolve(deployment: Deployment, calibration: Calibration | None = None,
-            overhead_ms: float | None = None, overhead_per_seq_ms: float = 0.0) -> Resolved:
-    """Check `deployment` against its model, memory and topology; SpecError when it cannot run."""
+            overhead: ServingOverhead | None = None) -> Resolved:
+    """Check `deployment` against its model, memory and topology; SpecError when it cannot run.
+    `overhead`: the serving latencies whose step costs the instances carry (None: the cost
+    model's default step overhead)."""
     model = load_model(deployment.model)
     hardware = load_hardware(deployment.hardware, deployment.usd_per_gpu_hour)
     check_against_model(deployment, model)
@@ -63,13 +66,15 @@ def resolve(deployment: Deployment, calibration: Calibration | None = None,
     placement = topology.place([InstanceRequest(n, role.ranks)
                                 for name, role in deployment.roles.items() for n in names[name]])
     cal = calibration or load_calibration(hardware, deployment.engine, deployment.engine_version)
+    step_ms = None if overhead is None else overhead.step_overhead_ms
+    per_seq_ms = 0.0 if overhead is None else overhead.step_overhead_per_seq_ms
     roles = {
         name: ResolvedRole(
             name=name, spec=role,
             instance=instance_from_role(model, hardware, name, role, weights, kv,
                                         a2a_gb_s=placement.all_to_all_gb_s(names[name][0]),
-                                        overhead_ms=overhead_ms, indexer_cache=indexer,
-                                        overhead_per_seq_ms=overhead_per_seq_ms),
+                                        overhead_ms=step_ms, indexer_cache=indexer,
+                                        overhead_per_seq_ms=per_seq_ms),
             memory=memory[name], instance_names=names[name])
         for name, role in deployment.roles.items()
     }

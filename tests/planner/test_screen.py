@@ -63,7 +63,7 @@ def test_aggregated_steps_are_decode_steps_and_some_chunk_steps():
     d = Deployment(model="kimi-k2", hardware="h200",
                    aggregated=RoleSpec(dep=16, max_num_seqs=8))
     overhead = overhead_for(d)
-    res = resolve(d, calibration_for(d), overhead_ms=overhead.step_overhead_ms)
+    res = resolve(d, calibration_for(d), overhead=overhead)
     est, sim = Screen(w, overhead)(res), Simulator(w)(d)
     for metric in ("tpot_p50_ms", "throughput_tok_s_gpu", "ttft_p50_ms"):
         a, b = metric_value(est, metric), metric_value(sim, metric)

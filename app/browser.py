@@ -277,16 +277,17 @@ def _new_text(page: Page, codes: Locator, before: str,
               timeout_ms: int = RUN_TIMEOUT_MS) -> str:
     """The code blocks' text once it is no longer `before` (the previous flavor's): on a
     loaded machine the rerun a selection starts may begin after `settle` has looked."""
+    def text() -> str:
+        return "\n".join(c.text_content() or "" for c in codes.all())
+
     waited = 0
-    while True:
-        text = "\n".join(c.text_content() or "" for c in codes.all())
-        if text != before or waited >= timeout_ms:
-            settle(page)  # the rerun drawn to its end
-            return "\n".join(c.text_content() or "" for c in codes.all())
+    while text() == before and waited < timeout_ms:
         page.wait_for_timeout(200)
         waited += 200
         if waited % 2000 == 0:
             settle(page)
+    settle(page)  # the rerun drawn to its end
+    return text()
 
 
 def tour(url: str, executable: str, out: Path) -> Seen:

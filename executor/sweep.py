@@ -163,6 +163,7 @@ def _serve_points(plan_path: Path, run_dir: Path, loads: Sequence[float], url: s
     del repredict  # every point is simulated now: the plan holds one load's prediction
     url = url.rstrip("/")
     model = served_model(url)
+    cores = local_client_cores(deployment, url)
     points = []
     for load in loads:
         traffic = at_load(workload, load)
@@ -170,7 +171,7 @@ def _serve_points(plan_path: Path, run_dir: Path, loads: Sequence[float], url: s
                              options=sim_options(deployment)).metrics()
         points.append(_point(plan_path, run_dir, load, traffic, predicted, url, model, exe,
                              deployment.gpus_used, num_prompts, timeout_s, mode="serve",
-                             cores=local_client_cores(deployment, url)))
+                             cores=cores))
     return _write_sweep(SweepReport(str(plan_path), "serve", tuple(loads), tuple(points)),
                         run_dir)
 
@@ -197,10 +198,10 @@ def _alone_points(plan_path: Path, run_dir: Path, loads: Sequence[float], mode_n
         # process less on the machine); several: through the router, least requests first
         url = str(heads[0]) if isinstance(heads, list) and len(heads) == 1 else backend.url
         served = served_model(url)
+        cores = local_client_cores(deployment, url)
         points = [_point(plan_path, run_dir, load, serve_workload(a.workload), a.predicted,
                          url, served, exe, a.deployment.gpus_used, num_prompts,
-                         timeout_s, mode=mode.name, keep=mode.metrics,
-                         cores=local_client_cores(a.plan, url))
+                         timeout_s, mode=mode.name, keep=mode.metrics, cores=cores)
                   for load, a in zip(loads, alone, strict=True)]
     finally:
         backend.teardown()

@@ -22,6 +22,7 @@ from executor.records import Flag
 from simulator.cost.memory import prefetch_plan
 from simulator.specs.deployment import Deployment, RoleSpec, check_against_model
 from simulator.specs.errors import SpecError
+from simulator.specs.handoff import CPU_BLOCK_SIZE, CPU_HARDWARE, handoff_for
 from simulator.specs.hardware import load_hardware
 from simulator.specs.model import load_model
 
@@ -29,16 +30,11 @@ KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 CUDA_GRAPHS = {"prefill": "NONE", "decode": "FULL_DECODE_ONLY", "aggregated": "FULL_AND_PIECEWISE"}
 """Per-role CUDA-graph mode: prefill steps vary too much to capture; decode captures whole steps."""
 NIXL_BASE_PORT = 5600
-CPU_HARDWARE = "cpu"
-"""Hardware preset whose deployments run on vLLM's CPU build."""
 CPU_MAX_MODEL_LEN = 2048
 """--max-model-len on CPU (the tiny-moe preset's context); the GPU engine takes the model's own."""
 CPU_KV_CACHE_BYTES = 512 * 2**20
 """KV-cache size per CPU instance (--kv-cache-memory-bytes). On CPU --gpu-memory-utilization
 is a share of the whole machine's memory, which two instances on one machine cannot both take."""
-CPU_BLOCK_SIZE = 32
-"""KV block size on CPU. ExampleConnector hands over whole blocks only: the CPU default of 128
-would hand over nothing for prompts shorter than 130 tokens."""
 CPU_PD_NO_CHUNKING: Flag = ("--no-enable-chunked-prefill", None)
 """Flag of each P/D role on CPU. ExampleConnector records a prompt's KV for saving at the
 prompt's first engine step only, with the blocks allocated by then: a prompt split by chunked
@@ -133,11 +129,10 @@ class VllmEngine(Engine):
         host_gib = role.host_cache_gb * (role.attention_tp if role.expert_parallel else
                                          (role.tp or 1))  # vLLM counts an engine's TP ranks
         if role_name in KV_ROLE:
-            connector: dict[str, object] = {"kv_connector": "NixlConnector",
-                                            "kv_role": KV_ROLE[role_name]}
-            if cpu:
-                connector = {"kv_connector": "ExampleConnector", "kv_role": KV_ROLE[role_name],
-                             "kv_connector_extra_config": {"shared_storage_path": kv_dir}}
+            connector: dict[str, object] = {
+                "kv_connector": handoff_for(deployment.hardware).connector,
+                "kv_role": KV_ROLE[role_name],
+                **({"kv_connector_extra_config": {"shared_storage_path": kv_dir}} if cpu else {})}
             if role.host_cache_gb:  # the P/D handoff and the host tier side by side
                 connector = {"kv_connector": "MultiConnector", "kv_role": KV_ROLE[role_name],
                              "kv_connector_extra_config": {"connectors": [

@@ -158,9 +158,7 @@ class Engine:
 
     def _cost(self, plan: StepPlan) -> tuple[StepTime, float, float | None]:
         """A step of `plan`: its price, its tokens, and its EP imbalance (None without EP)."""
-        work = plan.decode_requests * (1 + self.spec_tokens)  # tokens per rank
-        if plan.chunks is not None:
-            work = work + plan.tokens
+        work = plan.decode_requests * (1 + self.spec_tokens) + plan.tokens  # tokens per rank
         tokens = float(work.sum())
         expert_tokens, imb = None, None
         if self.experts is not None:
@@ -177,8 +175,7 @@ class Engine:
         recorder, steps = self.shared.recorder, sum(p[1] for p in pieces)
         if imb is not None:
             recorder.imbalance(imb, tokens, steps)
-        batch = int(plan.decode_count() + (plan.requests.sum() if plan.chunks is not None
-                                           else 0))
+        batch = int(plan.decode_count() + plan.requests.sum())
         for t, n, queue, kv_use in pieces:
             recorder.step(self.name, t, queue, batch, kv_use, st, self.pricer.instance.ranks,
                           n, every)
@@ -334,6 +331,10 @@ class StepPlan:
     """Of those, the slots whose first decode step this is."""
     decode_total: float | None = None
     """decode_requests summed, when the plan knew it."""
+    tails: int = 0
+    """Of the `fresh` slots, those that compute the rest of their prompt in this step (a
+    prefill chunk each, in tokens/requests/context: what the P/D handoff left them) instead
+    of a decode row."""
 
     def decode_count(self) -> float:
         """Decode requests over all ranks."""
@@ -418,6 +419,8 @@ class DecodeEngine(Engine):
         self.slots = DecodeSlots(self.dp, spec.max_num_seqs, self.kv, self.accepted)
         self._zeros = np.zeros(self.dp)
         self._zeros.flags.writeable = False  # the prefill part of every decode-only plan
+        self._tail = np.zeros((self.dp, spec.max_num_seqs))
+        """Per slot: prompt tokens its first step computes (`activate`'s `tail`)."""
 
     def take(self, rid: int, context: float) -> None:
         """A request whose KV (`context` tokens) is to come here."""
@@ -430,9 +433,11 @@ class DecodeEngine(Engine):
         for rid, slot in self.slots.admit(rank):
             self.shared.sink.admitted(self, rank, slot, rid)
 
-    def activate(self, rank: int, slot: int) -> None:
-        """The request's KV is in place."""
+    def activate(self, rank: int, slot: int, tail: float = 0.0) -> None:
+        """The request's KV is in place; `tail`: tokens at the end of its prompt that it
+        computes in its first step (a prefill chunk; 0: its first step is a decode row)."""
         self.slots.activate(rank, slot)
+        self._tail[rank, slot] = tail
         self.poke()
 
     def plan(self) -> StepPlan | None:
@@ -440,8 +445,23 @@ class DecodeEngine(Engine):
         total = float(n.sum())
         if total == 0:
             return None
+        stepped, fresh = self._snapshot()
+        tails = fresh & (self._tail > 0)
+        if tails.any():
+            return self._with_tails(stepped, fresh, tails)
         z = self._zeros
-        return StepPlan(n, ctx, z, z, z, None, *self._snapshot(), decode_total=total)
+        return StepPlan(n, ctx, z, z, z, None, stepped, fresh, decode_total=total)
+
+    def _with_tails(self, stepped: np.ndarray, fresh: np.ndarray,
+                    tails: np.ndarray) -> StepPlan:
+        """A step in which the slots of mask `tails` compute the rest of their prompts (one
+        chunk each, after the KV handed over) and the other stepped slots decode."""
+        n, ctx = self.slots.run_batch(stepped & ~tails, 1)
+        chunks = tails.sum(axis=1, dtype=float)
+        tokens = self._tail.sum(axis=1, where=tails)
+        handed = (self.slots.context0 - self._tail).sum(axis=1, where=tails)
+        return StepPlan(n, ctx[0], tokens, chunks, handed / np.maximum(chunks, 1.0), None,
+                        stepped, fresh, tails=int(chunks.sum()))
 
     def _snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         return self.slots.active.copy(), self.slots.fresh.copy()
@@ -465,7 +485,7 @@ class DecodeEngine(Engine):
         assert plan.stepped is not None and plan.fresh is not None
         fresh = int(plan.fresh.sum())
         assert steps == 1 or not fresh  # a first token comes from a step alone
-        self.shared.recorder.itl(seconds, int(plan.decode_count()) - fresh, steps)
+        self.shared.recorder.itl(seconds, int(plan.decode_count()) - fresh + plan.tails, steps)
         first, finished, ranks = self.slots.advance(plan.stepped, plan.fresh if fresh else None,
                                                     steps)
         if first.size:

@@ -45,6 +45,7 @@ from simulator.des.transfer import KvNetwork
 from simulator.resolve import resolve
 from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.errors import SpecError
+from simulator.specs.handoff import handoff_for
 from simulator.specs.model import ModelSpec
 from simulator.specs.routing import Candidate, Candidates, Router
 from simulator.specs.workload import ClosedArrival, SessionsArrival, TraceArrival, Workload
@@ -126,6 +127,8 @@ class _Run:
             deployment, workload, opts, progress)
         resolved = resolve(deployment, calibration)
         self.model, self.hardware = resolved.model, resolved.hardware
+        self.handoff = handoff_for(self.hardware.name)
+        """The P/D KV connector the deployment would hand prompts over with."""
         self.calibration, self.placement = resolved.calibration, resolved.placement
         self.kv_tokens = {role: r.memory.kv_tokens for role, r in resolved.roles.items()}
         if workload.sessions is not None and isinstance(workload.arrival, TraceArrival):
@@ -400,10 +403,12 @@ class _Run:
             engine.activate(rank, slot)
             return
         prefill, prefill_rank = source
-        nbytes = self._kv_bytes(float(self.table.input_len[rid]))
+        prompt = float(self.table.input_len[rid])
+        nbytes = self._kv_bytes(prompt)
+        tail = self.handoff.tail(prompt)
 
         def activate(_: simpy.Event) -> None:
-            engine.activate(rank, slot)
+            engine.activate(rank, slot, tail)
 
         def arrived(event: simpy.Event) -> None:
             prefill.release(prefill_rank, rid)

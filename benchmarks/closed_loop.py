@@ -105,11 +105,14 @@ class Settings:
     concurrencies: tuple[int, ...] = (1, 4, 16)
     input_len: int = 64
     output_len: int = 64
-    prompts_per_client: int = 4
-    min_prompts: int = 8
-    """Prompts per concurrency: max(min_prompts, prompts_per_client x concurrency)."""
-    fit_prompts: int = 8
-    """Prompts of each fitting run: max(fit_prompts, 2 x its concurrency)."""
+    prompts_per_client: int = 16
+    min_prompts: int = 32
+    """Prompts per concurrency: max(min_prompts, prompts_per_client x concurrency). Runs of
+    several seconds each (3-18 s here): this machine's cores switch between two speeds every
+    second or so (`probe_cores`), and a run of one or two seconds caught one of them."""
+    fit_prompts: int = 32
+    """Prompts of each fitting run: max(fit_prompts, fit_per_client x its concurrency)."""
+    fit_per_client: int = 8
     fit_concurrencies: tuple[int, ...] = (1, 8)
     """The fitting runs' loads: the first fits the API overhead (and the P/D handoff), all of
     them the step overhead, fixed and per running request (8: the decode batch the compared
@@ -123,13 +126,16 @@ class Settings:
     their range its spread."""
     seed: int = 0
     """Seed of the compared runs; the fit uses seed + 1, the warm-up seed + 2."""
+    probe_s: float = 10.0
+    """Seconds of `probe_cores` on each core before the loop and after it (0: none)."""
 
     def prompts(self, concurrency: int) -> int:
         return max(self.min_prompts, self.prompts_per_client * concurrency)
 
 
 QUICK = Settings(concurrencies=(1, 4), output_len=16, prompts_per_client=2, min_prompts=4,
-                 fit_prompts=4, fit_concurrencies=(1,), warmup_prompts=2, repeats=1,
+                 fit_prompts=4, fit_per_client=2, fit_concurrencies=(1,), warmup_prompts=2,
+                 repeats=1, probe_s=0.0,
                  decode_contexts=())
 """--quick: a smoke run of the whole loop in about two minutes."""
 
@@ -298,6 +304,56 @@ def engine_view(point: Point) -> dict[str, Any]:
             "api_ttft_mean_ms": prefill.get("ttft_mean_ms")}
 
 
+PROBE_WORK = 300_000
+"""Iterations of the core probe's fixed pure-Python work (12-13 ms a sample at this machine's
+faster speed)."""
+PROBE_SLOW = 1.3
+"""A probe sample over this multiple of the core's fastest ran slow."""
+
+
+def probe_cores(seconds: float) -> dict[str, dict[str, float]]:
+    """How steady each core this process may run on is: a fixed piece of pure-Python work,
+    pinned to the core, timed every 0.1 s for `seconds`. Per core: samples, the fastest, median
+    and slowest ms, and the share of samples over PROBE_SLOW x the fastest. On this 2-core
+    virtual machine, idle, a core switches between two speeds 1.85x apart every second or so,
+    which no fit can follow; the loop prints the probe so that its errors can be read
+    against it."""
+    cores = sorted(os.sched_getaffinity(0))
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for core in cores:
+            os.sched_setaffinity(0, {core})
+            times: list[float] = []
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                started, x = time.perf_counter(), 0
+                for i in range(PROBE_WORK):
+                    x += i * i
+                times.append((time.perf_counter() - started) * 1e3)
+                time.sleep(0.1)
+            times.sort()
+            fast = times[0]
+            out[str(core)] = {"samples": len(times), "fastest_ms": fast,
+                              "median_ms": times[len(times) // 2], "slowest_ms": times[-1],
+                              "slow_share": sum(t > PROBE_SLOW * fast for t in times)
+                              / len(times)}
+    finally:
+        os.sched_setaffinity(0, cores)
+    return out
+
+
+def probe_line(probes: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str | None:
+    """The core probes (`when` -> core -> figures) as one markdown line, None without any."""
+    parts = [f"{when}: " + "; ".join(
+        f"core {core} {p['fastest_ms']:.1f}-{p['slowest_ms']:.1f} ms, "
+        f"{100 * p['slow_share']:.0f} % slow" for core, p in cores.items())
+        for when, cores in probes.items() if cores]
+    if not parts:
+        return None
+    return (f"- core speed (the same pure-Python work pinned to each core every 0.1 s; slow: "
+            f"over {PROBE_SLOW:g}x the core's fastest): " + "; ".join(parts))
+
+
 def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
     """The report as markdown: settings, the fitted latencies, the comparison per point, and
     what the engines themselves saw."""
@@ -305,6 +361,7 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
     lines = [f"# Closed loop: tiny-moe on this machine ({report['date']})", "",
              f"- machine: {report['machine']['cpus']} CPU cores, no GPU; engine vLLM "
              f"{report['machine']['engine']}",
+             *filter(None, [probe_line(report["machine"].get("core_probe", {}))]),
              f"- calibration: {report['calibration']['source']}, torch threads "
              f"{report['calibration']['threads']}",
              f"- workload: closed loop, input {s['input_len']} tokens, output {s['output_len']} "
@@ -486,7 +543,8 @@ class Loop:
                      workload_dict(s, top, max(s.warmup_prompts, 2 * top), s.seed + 2))
         runs: list[FitRun] = []
         for c in s.fit_concurrencies:
-            fit_load = workload_dict(s, c, max(s.fit_prompts, 2 * c), s.seed + 1)
+            fit_load = workload_dict(s, c, max(s.fit_prompts, s.fit_per_client * c),
+                                     s.seed + 1)
             name = f"{role}-fit" if c == s.fit_concurrencies[0] else f"{role}-fit-c{c}"
             got = self.measure(backend, name, deployment, fit_load, repeats=s.repeats)
             ttft = combine(got.results)[0]["ttft_ms"]
@@ -633,6 +691,10 @@ def run(out: Path, calibration: str | None, settings: Settings, quick: bool, thr
         raise RuntimeError(f"the engine environment is missing ({default_vllm()}); run "
                            "`make engine`")
     out.mkdir(parents=True, exist_ok=True)
+    probes: dict[str, dict[str, dict[str, float]]] = {}
+    if settings.probe_s > 0:
+        say(f"probing each core's speed for {settings.probe_s:g} s")
+        probes["before"] = probe_cores(settings.probe_s)
     if calibration is not None:
         cal = Path(calibration)
         manifest_path = cal / "manifest.json"
@@ -654,9 +716,12 @@ def run(out: Path, calibration: str | None, settings: Settings, quick: bool, thr
         loop.run_plan(role, deployment)
         if role == "pd" and settings.decode_contexts:
             loop.decode_only(deployment)
+    if settings.probe_s > 0:
+        probes["after"] = probe_cores(settings.probe_s)
     report = {
         "date": datetime.now(UTC).date().isoformat(),
-        "machine": {"cpus": os.cpu_count(), "gpu": None, "engine": engine_version()},
+        "machine": {"cpus": os.cpu_count(), "gpu": None, "engine": engine_version(),
+                    "core_probe": probes},
         "calibration": {"source": source, "threads": manifest["device"]["threads"],
                         "date": manifest.get("date")},
         "settings": asdict(settings), "targets": TARGETS, "fit": loop.fit,

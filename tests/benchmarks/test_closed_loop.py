@@ -3,6 +3,7 @@ the whole loop with --quick against the real CPU engine (skipped without .venv-e
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -131,6 +132,21 @@ def test_points_score_errors_against_the_measurement_and_the_targets():
     assert "handoff not fitted" in md and "aggregated step overhead 1.50 ms" in md
 
 
+def test_the_core_probe_times_each_core_and_gives_the_process_its_cores_back():
+    cores = os.sched_getaffinity(0)
+    got = cl.probe_cores(0.2)
+    assert os.sched_getaffinity(0) == cores
+    assert set(got) == {str(c) for c in cores}
+    for p in got.values():
+        assert p["samples"] >= 1 and 0.0 <= p["slow_share"] <= 1.0
+        assert 0 < p["fastest_ms"] <= p["median_ms"] <= p["slowest_ms"]
+    line = cl.probe_line({"before": {"0": {"samples": 10, "fastest_ms": 12.4,
+                                           "median_ms": 13.0, "slowest_ms": 22.6,
+                                           "slow_share": 0.35}}, "after": {}})
+    assert line is not None and "before: core 0 12.4-22.6 ms, 35 % slow" in line
+    assert "after" not in line and cl.probe_line({}) is None
+
+
 def test_runs_combine_to_their_median_and_range_and_bursts_are_counted():
     runs = [{"p50_ttft_ms": 30.0, "p50_tpot_ms": 2.0, "output_throughput": 100.0,
              "itls": [[0.003, 0.00001, 0.00001], [0.002]]},
@@ -151,8 +167,8 @@ def test_both_sides_get_the_same_closed_loop_workload():
     s = cl.Settings()
     w = load_workload(cl.workload_dict(s, 16, s.prompts(16), 0))
     b = bench_settings(w)
-    assert (b.max_concurrency, b.num_prompts, b.input_len, b.output_len) == (16, 64, 64, 64)
-    assert w.requests == 64 and s.prompts(1) == 8
+    assert (b.max_concurrency, b.num_prompts, b.input_len, b.output_len) == (16, 256, 64, 64)
+    assert w.requests == 256 and s.prompts(1) == 32
     assert cl.measured_metrics({"p50_ttft_ms": 5.0, "p50_tpot_ms": float("nan"),
                                 "output_throughput": 7})["tpot_ms"] is None
     pred = cl.predicted_metrics({"ttft_ms": {"p50": 1.0}, "tpot_ms": {"p50": 2.0},

@@ -111,8 +111,10 @@ class Settings:
     several seconds each (3-18 s here): this machine's cores switch between two speeds every
     second or so (`probe_cores`), and a run of one or two seconds caught one of them."""
     fit_prompts: int = 32
-    """Prompts of each fitting run: max(fit_prompts, fit_per_client x its concurrency)."""
-    fit_per_client: int = 8
+    """Prompts of each fitting run: max(fit_prompts, fit_per_client x its concurrency), as
+    long as the compared runs: a run of a few seconds here ran faster than one of fifteen
+    (the host's cores slow down under sustained load)."""
+    fit_per_client: int = 16
     fit_concurrencies: tuple[int, ...] = (1, 8)
     """The fitting runs' loads: the first fits the API overhead (and the P/D handoff), all of
     them the step overhead, fixed and per running request (8: the decode batch the compared

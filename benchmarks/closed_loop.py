@@ -112,8 +112,9 @@ class Settings:
     second or so (`probe_cores`), and a run of one or two seconds caught one of them."""
     fit_prompts: int = 32
     """Prompts of each fitting run: max(fit_prompts, fit_per_client x its concurrency), as
-    long as the compared runs: a run of a few seconds here ran faster than one of fifteen
-    (the host's cores slow down under sustained load)."""
+    long as the compared runs: this host's cores run at a speed that depends on how they were
+    loaded just before (`probe_cores`), so a fit on runs of three seconds described runs of
+    fifteen badly."""
     fit_per_client: int = 16
     fit_concurrencies: tuple[int, ...] = (1, 8)
     """The fitting runs' loads: the first fits the API overhead (and the P/D handoff), all of
@@ -317,9 +318,11 @@ def probe_cores(seconds: float) -> dict[str, dict[str, float]]:
     """How steady each core this process may run on is: a fixed piece of pure-Python work,
     pinned to the core, timed every 0.1 s for `seconds`. Per core: samples, the fastest, median
     and slowest ms, and the share of samples over PROBE_SLOW x the fastest. On this 2-core
-    virtual machine, idle, a core switches between two speeds 1.85x apart every second or so,
-    which no fit can follow; the loop prints the probe so that its errors can be read
-    against it."""
+    virtual machine a core switches between speeds up to 1.9x apart from one second to the
+    next, even idle; work in bursts after idle gaps (this probe, an API server) ran slowest
+    (2026-12-03: 12.4 against 22-25 ms here; with the system python3, 26-35 ms run back to
+    back and about 50 ms with 0.3 s gaps). No fit follows that; the loop prints the probe so
+    that its errors can be read against it."""
     cores = sorted(os.sched_getaffinity(0))
     out: dict[str, dict[str, float]] = {}
     try:

@@ -33,12 +33,14 @@ class Handoff:
     connector: str
     """vLLM's `kv_connector` name."""
     block_tokens: int | None = None
-    """KV block size the deployment runs with, when the connector hands over whole blocks of
-    the prompt but its last token only (None: it hands over every block)."""
+    """KV block size the deployment runs with, for a connector that hands over whole blocks
+    only and leaves the decode instance the prompt's tail (None: it hands over all of the
+    prompt but its last token)."""
 
     def tail(self, prompt: float) -> float:
         """Prompt tokens the decode instance computes itself in a handed-over request's first
-        step, beyond the one token a decode row computes anyway (0: an ordinary decode row)."""
+        step, when more than the one token a decode row computes (0: an ordinary decode
+        row)."""
         block = self.block_tokens
         if block is None or prompt < 2:
             return 0.0

@@ -126,7 +126,7 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
         # for ids that read "tp8_ep8", on single 8-GPU nodes): DEP over moe_tp GPUs.
         dp = mtp
     if instances is None or (isinstance(instances, float) and math.isnan(instances)):
-        raise SpecError("P/D worker counts not recorded")
+        raise SpecError(UNDESCRIBED)
     n = int(instances)
     ranks = dp if dp > 1 else tp
     seqs = max(1, math.ceil(concurrency / (n * ranks if dp > 1 else n)))
@@ -346,8 +346,15 @@ def is_moe_model(model_path: str) -> bool:
     return any(int(cfg.get(k) or 0) > 0 for k in EXPERT_KEYS)
 
 
+UNDESCRIBED = "P/D worker counts not recorded"
+"""Why a P/D row that records no worker counts is not covered: its instance counts, and so its
+layout, are unknown. Such rows are counted apart from the describable ones."""
+
+
 def summarize(df: pd.DataFrame, worst: int = 10) -> dict[str, Any]:
-    """The JSON report: coverage and MAPE overall, for MoE rows, per backend x system x mode."""
+    """The JSON report: coverage and MAPE overall, for MoE rows (all, and the describable
+    ones: every row but the P/D rows that record no worker counts), per backend x system x
+    mode."""
     cov = df[df.covered]
 
     def block(sub: pd.DataFrame) -> dict[str, Any]:
@@ -366,7 +373,9 @@ def summarize(df: pd.DataFrame, worst: int = 10) -> dict[str, Any]:
     held = df[~df.fit_row]
     return {"rows": overall["rows"], "covered": overall["covered"],
             "overall": {"tpot_mape": overall["tpot_mape"], "ttft_mape": overall["ttft_mape"]},
-            "moe": block(df[df.moe]), "groups": groups,
+            "moe": block(df[df.moe]),
+            "moe_describable": block(df[df.moe & (df.reason != UNDESCRIBED)]),
+            "groups": groups,
             "held_out": {"all": block(held), "moe": block(held[held.moe])},
             "worst": worst_rows[["id", "pred_tpot_ms", "tpot_ms", "pred_ttft_ms", "ttft_ms",
                                  "tpot_err_pct"]].to_dict(orient="records"),

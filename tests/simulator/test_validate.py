@@ -106,6 +106,20 @@ def test_report_scores_the_rows_left_out_of_fitting(rows):
     assert report["held_out"]["all"]["rows"] == int((~df.fit_row).sum())
 
 
+def test_pd_rows_without_worker_counts_are_counted_apart_from_the_describable(rows):
+    """Issue 12's coverage is of describable rows: a P/D row with no worker counts has no
+    known layout."""
+    blind = rows[(rows["mode"] == "disagg") & rows.prefill_num_workers.isna()].head(2)
+    known = rows[(rows.backend == "vllm") & (rows["mode"] == "agg")].head(2)
+    df = validate(pd.concat([blind, known]),
+                  predictor=lambda d, w: {"ttft_ms": {"mean": 1.0}, "tpot_ms": {"mean": 1.0}})
+    assert (df.reason == "P/D worker counts not recorded").sum() == 2
+    df["moe"] = True
+    report = summarize(df)
+    assert (report["moe"]["rows"], report["moe"]["covered"]) == (4, 2)
+    assert (report["moe_describable"]["rows"], report["moe_describable"]["covered"]) == (2, 2)
+
+
 def test_a_killed_validate_resumes_without_redoing_rows(rows, tmp_path):
     sample = rows[rows.backend == "vllm"].head(6)
     calls: list[str] = []

@@ -404,8 +404,8 @@ class _Run:
             return
         prefill, prefill_rank = source
         prompt = float(self.table.input_len[rid])
-        nbytes = self._kv_bytes(prompt)
         tail = self.handoff.tail(prompt)
+        nbytes = self._kv_bytes(prompt - tail)  # the tail is computed there, not sent
 
         def activate(_: simpy.Event) -> None:
             engine.activate(rank, slot, tail)

@@ -312,6 +312,8 @@ PROBE_WORK = 300_000
 faster speed)."""
 PROBE_SLOW = 1.3
 """A probe sample over this multiple of the core's fastest ran slow."""
+UNSTEADY = 0.2
+"""Share of slow probe samples past which the report says the cores were not steady."""
 
 
 def probe_cores(seconds: float) -> dict[str, dict[str, float]]:
@@ -355,8 +357,13 @@ def probe_line(probes: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str |
         for when, cores in probes.items() if cores]
     if not parts:
         return None
-    return (f"- core speed (the same pure-Python work pinned to each core every 0.1 s; slow: "
+    line = (f"- core speed (the same pure-Python work pinned to each core every 0.1 s; slow: "
             f"over {PROBE_SLOW:g}x the core's fastest): " + "; ".join(parts))
+    slow = max(p["slow_share"] for cores in probes.values() for p in cores.values())
+    if slow > UNSTEADY:
+        line += (f". The cores were not steady (up to {100 * slow:.0f} % of samples slow): the "
+                 "errors below include the machine's own swings, not only the simulator's")
+    return line
 
 
 def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:

@@ -144,7 +144,11 @@ def test_the_core_probe_times_each_core_and_gives_the_process_its_cores_back():
                                            "median_ms": 13.0, "slowest_ms": 22.6,
                                            "slow_share": 0.35}}, "after": {}})
     assert line is not None and "before: core 0 12.4-22.6 ms, 35 % slow" in line
+    assert "not steady (up to 35 % of samples slow)" in line
     assert "after" not in line and cl.probe_line({}) is None
+    steady = cl.probe_line({"after": {"1": {"samples": 10, "fastest_ms": 12.4, "median_ms": 12.5,
+                                            "slowest_ms": 13.0, "slow_share": 0.0}}})
+    assert steady is not None and "not steady" not in steady
 
 
 def test_runs_combine_to_their_median_and_range_and_bursts_are_counted():

@@ -129,10 +129,11 @@ class VllmEngine(Engine):
         host_gib = role.host_cache_gb * (role.attention_tp if role.expert_parallel else
                                          (role.tp or 1))  # vLLM counts an engine's TP ranks
         if role_name in KV_ROLE:
+            handoff = handoff_for(deployment.hardware)
             connector: dict[str, object] = {
-                "kv_connector": handoff_for(deployment.hardware).connector,
-                "kv_role": KV_ROLE[role_name],
-                **({"kv_connector_extra_config": {"shared_storage_path": kv_dir}} if cpu else {})}
+                "kv_connector": handoff.connector, "kv_role": KV_ROLE[role_name],
+                **({"kv_connector_extra_config": {"shared_storage_path": kv_dir}}
+                   if handoff.shared_folder else {})}
             if role.host_cache_gb:  # the P/D handoff and the host tier side by side
                 connector = {"kv_connector": "MultiConnector", "kv_role": KV_ROLE[role_name],
                              "kv_connector_extra_config": {"connectors": [

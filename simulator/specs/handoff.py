@@ -36,6 +36,9 @@ class Handoff:
     """KV block size the deployment runs with, for a connector that hands over whole blocks
     only and leaves the decode instance the prompt's tail (None: it hands over all of the
     prompt but its last token)."""
+    shared_folder: bool = False
+    """The connector hands KV over through files in a folder both instances reach (its
+    `shared_storage_path`)."""
 
     def tail(self, prompt: float) -> float:
         """Prompt tokens the decode instance computes itself in a handed-over request's first
@@ -55,7 +58,7 @@ would hand over nothing for prompts shorter than 130 tokens."""
 
 HANDOFFS: dict[str, Handoff] = {
     "gpu": Handoff("NixlConnector"),
-    CPU_HARDWARE: Handoff("ExampleConnector", CPU_BLOCK_SIZE),
+    CPU_HARDWARE: Handoff("ExampleConnector", CPU_BLOCK_SIZE, shared_folder=True),
 }
 """Kind of hardware -> the connector rackplan's vLLM deployments hand over with."""
 

@@ -379,6 +379,19 @@ def _rank_columns(batch: Batch, dp: int) -> tuple[np.ndarray, np.ndarray, np.nda
             _per_rank(batch.prefill_context, dp))
 
 
+def _distinct_ranks(*columns: np.ndarray) -> np.ndarray | slice:
+    """Indices of the first rank of each distinct row of `columns` (one entry per rank), in
+    rank order; every rank (a slice) when the rows are all distinct. A step the memo composes
+    is its front's few rows padded to the DP size by repeating the first."""
+    n = len(columns[0])
+    if n <= 1:
+        return slice(None)
+    first: dict[tuple[float, ...], int] = {}
+    for i, row in enumerate(zip(*(c.tolist() for c in columns), strict=True)):
+        first.setdefault(row, i)
+    return slice(None) if len(first) == n else np.fromiter(first.values(), dtype=np.intp)
+
+
 def rank_attention_ms(inst: Instance, batch: Batch, cal: Calibration,
                       replay: bool | None = None) -> np.ndarray:
     """Each rank's ms of every attention layer for `batch` (the step waits for the largest).
@@ -463,8 +476,13 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     tail = _tail(inst, tokens, pre_tok, pre_req)
     groups = _groups(inst, tokens, pre_tok, tail)
 
-    # Attention: every layer, slowest DP rank.
-    attn = _attention(inst, cal, dec_b, dec_ctx, pre_tok, pre_req, pre_ctx, led, tail)
+    # Attention: every layer, slowest DP rank. A rank's attention depends on its own row (and
+    # the step's replay decision) alone, so ranks with the same row are priced once: the
+    # slowest rank, each part's largest and its provenance are those of the distinct rows.
+    distinct = _distinct_ranks(dec_b, dec_ctx, pre_tok, pre_req, pre_ctx)
+    attn = _attention(inst, cal, dec_b[distinct], dec_ctx[distinct], pre_tok[distinct],
+                      pre_req[distinct], pre_ctx[distinct], led,
+                      None if tail is None else tail[distinct])
     _charge_parts(led, "attention", "attention.", float(attn.max()))
     if m.hc_mult > 1:  # V4 hyper-connections: pre and post mixing around both sublayers
         for layers, _, work in groups:

@@ -284,3 +284,36 @@ def test_a_grid_query_of_one_point_is_that_point_queried_among_many_bit_for_bit(
             one_ms, one_code = grid.query(points[i:i + 1], roofline[i:i + 1], exact)
             assert one_ms.tobytes() == many_ms[i:i + 1].tobytes(), points[i]
             assert int(one_code[0]) == int(many_code[i])
+
+
+@MODELS
+def test_ranks_with_the_same_row_price_the_attention_of_every_rank_bit_for_bit(
+        model: str, hardware: str) -> None:
+    """A step prices each distinct rank row's attention once (a composed front is its few rows
+    padded by repeating the first): the slowest rank, each part and its provenance are those
+    of pricing every rank, through the operation prices a pricer uses and directly."""
+    from simulator.cost.step import _attention, _charge_parts, _Ledger, _rank_columns, _tail
+
+    cal, instances = _instances(model, hardware)
+    rng = np.random.default_rng(5)
+    for role, inst in instances:
+        for ops in (cal, cast(Calibration, CachedCalibration(cal))):
+            for _ in range(4):
+                rows = _rows(_batch(role, inst.dp, inst.ranks, rng))
+                for col in range(1, min(inst.dp, 6)):  # rows differing from the first in one
+                    rows[col % 5][col] = rows[col % 5][0] * 1.5 + 1  # figure: each its own
+                    for other in range(5):
+                        if other != col % 5:
+                            rows[other][col] = rows[other][0]
+                pick = rng.integers(0, min(6, inst.dp), inst.dp)  # repeated in any order
+                batch = Batch(*(c[pick] for c in rows))
+                cols = _rank_columns(batch, inst.dp)
+                tail = _tail(inst, cols[0] * (1 + inst.spec_tokens) + cols[2], cols[2], cols[3])
+                led = _Ledger()
+                every = _attention(inst, ops, *cols, led, tail)
+                _charge_parts(led, "attention", "attention.", float(every.max()))
+                got = step_time(inst, batch, ops)
+                assert got.breakdown["attention"] == float(every.max())
+                for key, ms in led.parts.items():
+                    assert got.parts[key] == ms and got.provenance[key] == led.provenance[key]
+

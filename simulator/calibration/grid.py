@@ -25,6 +25,10 @@ NEAREST_CHUNK = 1 << 20
 """Query x measured-cell distances computed at once by the nearest-cell search (8 MB per
 axis); a table holds a few thousand measured cells, so a step's queries take one pass."""
 
+NEAREST_DIRECT = 2
+"""Up to this many queries `Grid.nearest` takes the direct form alone (its two passes cost
+more numpy calls than they save)."""
+
 
 def worst(codes: np.ndarray | int) -> str:
     """The least trustworthy provenance among several prices."""
@@ -49,11 +53,59 @@ class Grid:
         """The measured cells in log-axis space (cells x axes)."""
         return np.stack([np.log(self.axes[j][c]) for j, c in enumerate(self.cells)], axis=1)
 
+    @functools.cached_property
+    def _cell_axes(self) -> tuple[np.ndarray, ...]:
+        """The measured cells' log coordinates, one contiguous array per axis."""
+        return tuple(np.ascontiguousarray(self._cell_logs[:, j])
+                     for j in range(self._cell_logs.shape[1]))
+
+    @functools.cached_property
+    def _cell_norms(self) -> np.ndarray:
+        """|cell|^2 of each measured cell in log-axis space."""
+        norms: np.ndarray = (self._cell_logs ** 2).sum(axis=1)
+        return norms
+
     def nearest(self, log_points: np.ndarray) -> np.ndarray:
         """Per query (rows of log-axis coordinates): the index, into `cells`, of the measured
-        cell nearest to it in log-axis space (Euclidean; on a tie the first). A direct search:
-        a table holds a few thousand measured cells, and a tree would cost more to import and
-        build than the few queries that fall back to it."""
+        cell nearest to it in log-axis space (Euclidean; on a tie the first). A direct search
+        (a table holds a few thousand measured cells, and a tree would cost more to import and
+        build than the queries that fall back to it) in two passes: squared distances as
+        |q|^2 - 2 q.c + |c|^2 (one matrix product) pick the candidates within a margin far
+        above that form's rounding error of the smallest, and the candidates' distances taken
+        directly, sum((q - c)^2), decide, so that the answer is that of the direct form over
+        every cell, bit for bit (`nearest_direct`)."""
+        q = np.atleast_2d(np.asarray(log_points, dtype=float))
+        if len(q) <= NEAREST_DIRECT:  # the direct form, one axis at a time (the same sums)
+            out = np.empty(len(q), dtype=np.intp)
+            first, *rest = self._cell_axes
+            for i, (x0, *xs) in enumerate(q.tolist()):
+                d2 = (first - x0) ** 2
+                for x, axis in zip(xs, rest, strict=True):
+                    d2 = d2 + (axis - x) ** 2
+                out[i] = int(np.argmin(d2))
+            return out
+        coords = self._cell_logs
+        out = np.empty(len(q), dtype=np.intp)
+        rows = max(NEAREST_CHUNK // max(len(coords), 1), 1)
+        qn_all = (q ** 2).sum(axis=1)
+        margin = 1e-9 * (qn_all + float(self._cell_norms.max(initial=0.0)) + 1.0)
+        for s in range(0, len(q), rows):
+            part = q[s:s + rows]
+            approx = qn_all[s:s + rows, None] - 2.0 * (part @ coords.T) + self._cell_norms
+            near = approx <= approx.min(axis=1, keepdims=True) + margin[s:s + rows, None]
+            qi, ci = np.nonzero(near)  # row-major: by query, then by cell index
+            d2 = ((part[qi] - coords[ci]) ** 2).sum(axis=1)
+            starts = np.flatnonzero(np.concatenate(([True], qi[1:] != qi[:-1])))
+            best = np.repeat(np.minimum.reduceat(d2, starts), np.diff(np.append(starts,
+                                                                              len(qi))))
+            at = np.flatnonzero(d2 == best)
+            _, first = np.unique(qi[at], return_index=True)  # the first cell of each query
+            out[s:s + rows] = ci[at[first]]
+        return out
+
+    def nearest_direct(self, log_points: np.ndarray) -> np.ndarray:
+        """`nearest` by the direct form alone, sum((q - c)^2) over every cell (the reference
+        `nearest` must agree with)."""
         coords = self._cell_logs
         q = np.atleast_2d(np.asarray(log_points, dtype=float))
         rows = max(NEAREST_CHUNK // max(len(coords), 1), 1)

@@ -317,3 +317,24 @@ def test_ranks_with_the_same_row_price_the_attention_of_every_rank_bit_for_bit(
                 for key, ms in led.parts.items():
                     assert got.parts[key] == ms and got.provenance[key] == led.provenance[key]
 
+
+def test_the_nearest_measured_cell_is_the_direct_searchs_bit_for_bit() -> None:
+    """Grid.nearest's two passes (candidates by a matrix product, then the direct distances)
+    and its one-axis-at-a-time path for a query or two pick the cell the direct search over
+    every cell picks, ties (points halfway between cells, on cells) to the first."""
+    rng = np.random.default_rng(6)
+    for d in (1, 2, 3, 4):
+        axes = [np.unique(np.round(np.exp(rng.uniform(0, 9, 9)))) for _ in range(d)]
+        pts = np.stack([g.ravel() for g in np.meshgrid(*axes, indexing="ij")], axis=1)
+        keep = rng.random(len(pts)) < 0.15  # a sparse table, as the sparse-attention ones
+        grid = Grid.build(pts[keep], rng.uniform(0.1, 2, int(keep.sum())), np.ones(int(keep.sum())))
+        logs = [np.log(a) for a in axes]
+        far = np.stack([rng.uniform(a[0] - 2, a[-1] + 2, 300) for a in logs], axis=1)
+        nodes = np.stack([rng.choice(a, 300) for a in logs], axis=1)
+        halfway = np.stack([(a[i] + a[np.minimum(i + 1, len(a) - 1)]) / 2 for a, i in
+                            ((a, rng.integers(0, len(a), 300)) for a in logs)], axis=1)
+        for queries in (far, nodes, halfway):
+            want = grid.nearest_direct(queries)
+            assert (grid.nearest(queries) == want).all()
+            assert all(grid.nearest(queries[i:i + 1])[0] == want[i] for i in range(0, 300, 7))
+            assert (grid.nearest(queries[:2]) == want[:2]).all()

@@ -138,13 +138,13 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
     """
     wbytes = entry_bytes if window_bytes is None else window_bytes
     point = (batch, new, past, params, heads)
-    one = [_one(v) for v in point] if bound == "both" else [None]
+    one = [_one(v) for v in point]
     if None not in one:
         shape = max((np.shape(v) for v in point), key=len)
         b1, n1, p1, w1, h1 = cast(list[float], one)
         return np.full(shape, _sparse_attention_one(
             hw, b1, n1, p1, w1, h1, qk_dim, v_dim, window, ratio, topk, index_heads, index_dim,
-            entry_bytes, index_bytes, weights, index_cap, wbytes))
+            entry_bytes, index_bytes, weights, index_cap, wbytes, bound))
     batch, new, past = (np.asarray(v, dtype=float) for v in (batch, new, past))
     tokens = batch * new
     seen = past + np.where(new > 1, (new + 1) / 2, new)  # mean context of a new token
@@ -194,7 +194,8 @@ def _sparse_attention_one(hw: HardwareSpec, batch: float, new: float, past: floa
                           params: float, heads: float, qk_dim: float, v_dim: float,
                           window: int, ratio: int, topk: int, index_heads: int,
                           index_dim: int, entry_bytes: float, index_bytes: float,
-                          weights: str, index_cap: float, wbytes: float) -> float:
+                          weights: str, index_cap: float, wbytes: float,
+                          bound: str = "both") -> float:
     """`sparse_attention` of one point in plain floats (a step prices one or two points, and
     numpy's per-call cost dominates at that size): the same operations in the same order."""
     tokens = batch * new
@@ -225,7 +226,9 @@ def _sparse_attention_one(hw: HardwareSpec, batch: float, new: float, past: floa
     keys = min(end / max(ratio, 1), index_cap) * index_bytes if topk else 0.0
     nbytes = (params * DTYPE_BYTES[weights] + batch * (reads + keys)
               + tokens * heads * v_dim * 2 * 2)
-    return max(compute, nbytes / hw.hbm_bytes_s) * 1e3
+    sides = {"compute": compute, "memory": nbytes / hw.hbm_bytes_s,
+             "both": max(compute, nbytes / hw.hbm_bytes_s)}
+    return sides[bound] * 1e3
 
 
 def mhc(hw: HardwareSpec, tokens: ArrayLike, hidden: ArrayLike, streams: ArrayLike,

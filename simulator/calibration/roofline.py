@@ -131,20 +131,23 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
     picks when topk > 0; the indexer scores every compressed entry with its own keys. Compute
     is the sum of the projection and indexer time (weights' dtype) and the attention core
     (bf16); memory is weights + the entries each request reads + the query/output activations.
-    `bound` "compute" or "memory" gives that side alone (default "both": the larger).
+    `bound` "compute" or "memory" gives that side alone (default "both": the larger), "each"
+    both sides stacked (compute first).
     `index_cap`: the most keys the indexer scores per query (DeepSeek-V4.1's re-indexing layers
     score only the candidates another layer picked); `window_bytes`: bytes of a raw window
     entry when it is stored apart from the compressed ones (V4.1: fp8 window, fp4 records).
     """
     wbytes = entry_bytes if window_bytes is None else window_bytes
-    point = (batch, new, past, params, heads)
-    one = [_one(v) for v in point]
-    if None not in one:
-        shape = max((np.shape(v) for v in point), key=len)
-        b1, n1, p1, w1, h1 = cast(list[float], one)
-        return np.full(shape, _sparse_attention_one(
+    one = _one_point((batch, new, past, params, heads))
+    if one is not None:
+        shape, (b1, n1, p1, w1, h1) = one
+        compute1, memory1 = _sparse_attention_one(
             hw, b1, n1, p1, w1, h1, qk_dim, v_dim, window, ratio, topk, index_heads, index_dim,
-            entry_bytes, index_bytes, weights, index_cap, wbytes, bound))
+            entry_bytes, index_bytes, weights, index_cap, wbytes)
+        sides1 = {"compute": compute1, "memory": memory1, "both": max(compute1, memory1)}
+        if bound == "each":
+            return np.stack([np.full(shape, compute1 * 1e3), np.full(shape, memory1 * 1e3)])
+        return np.full(shape, sides1[bound] * 1e3)
     batch, new, past = (np.asarray(v, dtype=float) for v in (batch, new, past))
     tokens = batch * new
     seen = past + np.where(new > 1, (new + 1) / 2, new)  # mean context of a new token
@@ -176,8 +179,37 @@ def sparse_attention(hw: HardwareSpec, batch: ArrayLike, new: ArrayLike, past: A
               + tokens * heads * v_dim * 2 * 2)
     sides = {"compute": lambda: compute * np.ones_like(tokens),
              "memory": lambda: nbytes / hw.hbm_bytes_s,
-             "both": lambda: np.maximum(compute, nbytes / hw.hbm_bytes_s)}
+             "both": lambda: np.maximum(compute, nbytes / hw.hbm_bytes_s),
+             "each": lambda: np.stack([compute * np.ones_like(tokens),
+                                       nbytes / hw.hbm_bytes_s * np.ones_like(tokens)])}
     return sides[bound]() * 1e3
+
+
+def _one_point(values: tuple[ArrayLike, ...]) -> tuple[tuple[int, ...], list[float]] | None:
+    """The values of one-element arguments as floats, and the broadcast shape (the longest
+    of theirs); None when one has more elements or none."""
+    shape: tuple[int, ...] = ()
+    out = []
+    for v in values:
+        t = type(v)
+        if t is float or t is int:
+            out.append(float(cast(float, v)))
+            continue
+        if t is np.ndarray:
+            a = cast(np.ndarray, v)
+            if a.size != 1:
+                return None
+            out.append(float(a.reshape(-1)[0]))
+            if a.ndim > len(shape):
+                shape = a.shape
+            continue
+        one = _one(v)
+        if one is None:
+            return None
+        out.append(one)
+        if np.ndim(v) > len(shape):
+            shape = np.shape(v)
+    return shape, out
 
 
 def _one(v: ArrayLike) -> float | None:
@@ -194,10 +226,10 @@ def _sparse_attention_one(hw: HardwareSpec, batch: float, new: float, past: floa
                           params: float, heads: float, qk_dim: float, v_dim: float,
                           window: int, ratio: int, topk: int, index_heads: int,
                           index_dim: int, entry_bytes: float, index_bytes: float,
-                          weights: str, index_cap: float, wbytes: float,
-                          bound: str = "both") -> float:
+                          weights: str, index_cap: float, wbytes: float) -> tuple[float, float]:
     """`sparse_attention` of one point in plain floats (a step prices one or two points, and
-    numpy's per-call cost dominates at that size): the same operations in the same order."""
+    numpy's per-call cost dominates at that size): the same operations in the same order;
+    (compute, memory) in seconds."""
     tokens = batch * new
     seen = past + ((new + 1) / 2 if new > 1 else new)
     end = past + new
@@ -226,9 +258,7 @@ def _sparse_attention_one(hw: HardwareSpec, batch: float, new: float, past: floa
     keys = min(end / max(ratio, 1), index_cap) * index_bytes if topk else 0.0
     nbytes = (params * DTYPE_BYTES[weights] + batch * (reads + keys)
               + tokens * heads * v_dim * 2 * 2)
-    sides = {"compute": compute, "memory": nbytes / hw.hbm_bytes_s,
-             "both": max(compute, nbytes / hw.hbm_bytes_s)}
-    return sides[bound] * 1e3
+    return compute, nbytes / hw.hbm_bytes_s
 
 
 def mhc(hw: HardwareSpec, tokens: ArrayLike, hidden: ArrayLike, streams: ArrayLike,

@@ -842,14 +842,12 @@ class Calibration:
         stream = max(self.stream_efficiency() or rate, rate)
         heads = max(inst.model.num_attention_heads // inst.tp, 1)
 
-        def more(bound: str) -> np.ndarray:
-            return np.maximum(roof(batch, new, stop, heads, bound)
-                              - roof(batch, new, start, heads, bound), 0.0)
-
         # the extra FLOPs at the kernel's sustained rate, the extra bytes at the rate this
         # system's measured decode attention streams long reads (a kernel table's largest
         # decode rows are still launch-bound, far below the bandwidth a long read reaches)
-        return np.maximum(more("compute") / rate, more("memory") / stream)
+        more = np.maximum(roof(batch, new, stop, heads, "each")
+                          - roof(batch, new, start, heads, "each"), 0.0)
+        return np.maximum(more[0] / rate, more[1] / stream)
 
     def stream_efficiency(self) -> float | None:
         """The share of HBM bandwidth a long memory-bound read sustains on this system: the

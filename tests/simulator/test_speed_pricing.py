@@ -232,14 +232,20 @@ def test_the_one_point_sparse_attention_roofline_is_the_array_one_bit_for_bit() 
             heads = float(rng.choice([0, 8, 128]))
             b, n = float(rng.integers(1, 300)), float(rng.choice([1, rng.integers(1, 20000)]))
             p = float(rng.choice([0.0, np.exp(rng.uniform(0, 14))]))
-            bound = str(rng.choice(["both", "compute", "memory"]))
+            bound = str(rng.choice(["both", "compute", "memory", "each"]))
             one = rf.sparse_attention(hw, np.array([b]), np.array([n]), np.array([p]),
                                       params=params, heads=heads, bound=bound, **kw)
             two = rf.sparse_attention(hw, np.full(2, b), np.full(2, n), np.full(2, p),
                                       params=params, heads=heads, bound=bound, **kw)
-            assert one.shape == (1,) and one[0] == two[0] == two[1]
-            assert rf.sparse_attention(hw, b, n, p, params=params, heads=heads,
-                                       **kw).shape == ()
+            assert one.shape == ((2, 1) if bound == "each" else (1,))
+            assert (one[..., 0] == two[..., 0]).all() and (two[..., 0] == two[..., 1]).all()
+            if bound == "each":  # the two sides, each as asked alone
+                for side, got in zip(("compute", "memory"), two, strict=True):
+                    assert (got == rf.sparse_attention(hw, np.full(2, b), np.full(2, n),
+                                                       np.full(2, p), params=params,
+                                                       heads=heads, bound=side, **kw)).all()
+            assert rf.sparse_attention(hw, b, n, p, params=params, heads=heads, bound=bound,
+                                       **kw).shape == ((2,) if bound == "each" else ())
 
 
 @pytest.mark.parametrize("columns", [5, 2])

@@ -43,6 +43,10 @@ MAX_OBJECTS = 10_000
 _SCALARS = frozenset((int, float, str, bool, type(None)))
 """Types a cheap key takes as they are."""
 
+_BY_VALUE = _SCALARS | {tuple}
+"""Types a cheap key takes as they are where they hash (a tuple of scalars is equal to its
+content key, `_fixed` of it)."""
+
 VARYING: dict[str, tuple[int, ...]] = {
     "gemm": (0,),
     "gemm_chain": (0,),
@@ -243,9 +247,16 @@ class CachedCalibration:
         content (`_fixed`), so that equal objects share their points."""
         fast: tuple[Any, ...] | None = None
         if not kwargs:
-            fast = (name, *(a if type(a) in _SCALARS else self._token(a)
+            # a tuple (GEMM shapes) is its own key: a new tuple object per call would take a
+            # content key and a token each time, and fill the objects held
+            fast = (name, *(a if type(a) in _BY_VALUE else self._token(a)
                             for i, a in enumerate(args) if i not in varying))
-            memo = self._fast.get(fast)
+            try:
+                memo = self._fast.get(fast)
+            except TypeError:  # a tuple holding something unhashable: tokens for all
+                fast = (name, *(a if type(a) in _SCALARS else self._token(a)
+                                for i, a in enumerate(args) if i not in varying))
+                memo = self._fast.get(fast)
             if memo is not None:
                 return memo
         fixed = tuple(self._key(a) for i, a in enumerate(args) if i not in varying)

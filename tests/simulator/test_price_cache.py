@@ -92,6 +92,21 @@ def test_a_point_priced_once_is_not_priced_again() -> None:
     assert cached.points - points < points / 2
 
 
+def test_a_tuple_argument_made_anew_each_call_is_found_by_its_content() -> None:
+    """A GEMM chain's shapes come as a new tuple each call: the cache finds its points by the
+    tuple's content, holds no object per call, and so never starts afresh for them (which
+    would forget every price it had)."""
+    hw = load_hardware("gb300")
+    cached = CachedCalibration(load_calibration(hw))
+    tokens = np.array([64.0])
+    for _ in range(50):
+        shapes = tuple((1, n, 7168, "fp8") for n in (1536, 512))  # a new object each time
+        cached.gemm_chain(tokens, shapes)
+    assert cached.calls == 1 and len(cached._objects) <= 1
+    # a tuple holding something unhashable is still priced (by tokens, as any object)
+    cached.gemm_chain(tokens, ([1, 1536, 7168, "fp8"],))
+
+
 @pytest.mark.parametrize("model,hardware", [("deepseek-v4-flash", "gb300"),
                                             ("deepseek-v3", "h200")])
 def test_the_step_memo_errs_by_its_rounding_of_direct_pricing(model: str,

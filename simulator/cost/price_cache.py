@@ -147,6 +147,28 @@ def _fixed(value: Any) -> Any:
     return value
 
 
+def _one_point(args: tuple[Any, ...], varying: tuple[int, ...]
+               ) -> tuple[bytes, tuple[int, ...]] | None:
+    """The key of a call whose varying arguments are one point each (one-element arrays or
+    numbers): their float64 bytes in order, as `CachedCalibration._price` keys a point; and
+    the shape of the price, as that path gives it (the arguments broadcast, at least 1-d).
+    None for more points."""
+    parts = []
+    ndim = 1
+    for i in varying:
+        v = args[i]
+        if type(v) is np.ndarray:
+            if v.size != 1:
+                return None
+            ndim = max(ndim, v.ndim)
+            parts.append(v.astype(float, copy=False).tobytes())
+        elif type(v) is float or type(v) is int:
+            parts.append(np.float64(v).tobytes())
+        else:
+            return None
+    return b"".join(parts), (1,) * ndim
+
+
 class _Points:
     """The priced points of one operation with its fixed arguments."""
 
@@ -205,6 +227,18 @@ class CachedCalibration:
         memo = self._points(name, varying, args, kwargs)
         if memo.none:
             return None
+        single = _one_point(args, varying)
+        if single is not None:  # most calls: a step's one distinct rank row
+            key, shape = single
+            i = memo.index.get(key, -1)
+            if i < 0:
+                rows = np.frombuffer(key, dtype=float).reshape(1, len(varying))
+                if not self._fill(memo, method, varying, args, kwargs, [key], rows):
+                    return None
+                i = memo.index[key]
+            code = memo.code[i]
+            return Priced(np.full(shape, memo.ms[i]), SOURCES[code], memo.table[i],
+                          np.full(shape, code))
         if len(varying) == 1:
             one = np.asarray(args[varying[0]], dtype=float)
             shape = one.shape or (1,)

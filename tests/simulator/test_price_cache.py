@@ -183,3 +183,32 @@ def test_a_reindexing_layer_past_its_pool_is_one_point(context: bool) -> None:
     short = cached.dsv41_indexer(reindex, context, inst, np.array([4.0]), new,
                                  np.array([pool / 4]))
     assert short is not None and short.ms[0] < first.ms[0]
+
+
+def test_a_one_point_call_is_priced_as_the_points_of_a_longer_call() -> None:
+    """The one-point path (a step's single distinct rank row) keys, prices and shapes a call
+    as the general path does: the same price and provenance as that point among others, and
+    shape (1,) whether they come as numbers or as one-element arrays."""
+    hw, m = load_hardware("gb300"), load_model("deepseek-v4-flash")
+    cal = load_calibration(hw)
+    inst = instance_from_role(m, hw, "prefill", RoleSpec(instances=1, dep=4), "fp8", "fp8")
+    csa = kind("csa")
+    cases = [
+        ("gemm", lambda t: (t, 4096, 7168, "fp8"), [64.0, 64, np.array([64.0])], 64.0),
+        ("dsv4_module", lambda t: (csa, True, inst, t, np.array([4096.0]), 5000.0),
+         [2.0, np.array([2.0]), np.array([2])], 2.0),
+    ]
+    for name, call, points, value in cases:
+        many = getattr(cal, name)(*call(np.array([value, value + 1.0])))
+        for point in points:
+            cached = CachedCalibration(cal)
+            got = getattr(cached, name)(*call(point))
+            direct = getattr(cal, name)(*call(point))
+            assert got.ms.shape == (1,)
+            assert float(got.ms.ravel()[0]) == float(direct.ms.ravel()[0]) == float(many.ms[0])
+            assert (got.source, got.table) == (direct.source, direct.table)
+            again = getattr(cached, name)(*call(point))  # from the memo now
+            assert again.ms.shape == got.ms.shape and (again.ms == got.ms).all()
+            assert cached.calls == 1
+            twice = getattr(cached, name)(*call(np.array([value, value])))  # the general path
+            assert cached.calls == 1 and (twice.ms == got.ms[0]).all()  # finds the same key

@@ -128,7 +128,7 @@ def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
             check_memory("instance", spec, hw, RoleSpec(dep=dep, redundant_experts=options[0],
                                                          max_num_batched_tokens=mnbt),
                          precision.weights, precision.kv_cache,
-                         indexer=precision.indexer_cache)
+                         indexer=precision.indexer_cache, engine=engine)
         except SpecError as e:
             why = str(e)
             continue

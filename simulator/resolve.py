@@ -58,7 +58,8 @@ def resolve(deployment: Deployment, calibration: Calibration | None = None,
     check_against_model(deployment, model)
     weights, kv = deployment.precision.weights, deployment.precision.kv_cache
     indexer = deployment.precision.indexer_cache
-    memory = {name: check_memory(name, model, hardware, role, weights, kv, indexer=indexer)
+    memory = {name: check_memory(name, model, hardware, role, weights, kv, indexer=indexer,
+                                 engine=deployment.engine)
               for name, role in deployment.roles.items()}
     names = {name: tuple(f"{name}-{i}" for i in range(role.instances))
              for name, role in deployment.roles.items()}

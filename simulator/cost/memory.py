@@ -16,13 +16,22 @@ RESERVE_GB = 3.5
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 20
 """Peak activation bytes per batched token per hidden unit (bf16 residual, norms, MoE buffers)."""
 
+KV_FRACTION_OF: dict[str, str] = {"vllm": "total", "sglang": "total", "trtllm": "free"}
+"""What an engine's memory fraction (a role's gpu_memory_utilization, 0.9 by default) is a
+fraction of. vLLM's --gpu-memory-utilization and SGLang's --mem-fraction-static: of the whole
+HBM, which weights, activations and the KV pool share. TensorRT-LLM's KvCacheConfig
+free_gpu_memory_fraction (default 0.9): of the memory left free once the model is loaded, all
+of it the KV pool's (its docs: "allocate 90% of free GPU memory for KV cache")."""
+
 
 @dataclass(frozen=True)
 class RankMemory:
     """Where one rank's memory goes, in bytes."""
 
     budget: float
-    """HBM x gpu_memory_utilization."""
+    """Memory the engine lets weights, activations, reserve and the KV pool take: HBM x
+    gpu_memory_utilization, or, where that fraction is of the free memory (KV_FRACTION_OF),
+    the weights, activations and reserve plus that fraction of what they leave."""
     weights: float
     """Weights held by this rank in HBM, redundant expert replicas included, offload taken
     out."""
@@ -48,7 +57,7 @@ class RankMemory:
 
 
 def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weights: str,
-                kv_cache: str, indexer: str = "fp8") -> RankMemory:
+                kv_cache: str, indexer: str = "fp8", engine: str = "vllm") -> RankMemory:
     """Memory of one rank of an instance.
 
     DEP: attention, dense and shared weights are replicated on every rank; each rank holds
@@ -68,14 +77,23 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
     plan = prefetch_plan(model, role, weights)
     if plan is not None:  # whole layers go, and one layer's room takes the copy in flight
         offload = plan.layers * plan.layer_bytes - plan.layer_bytes
+    activations = float(ACTIVATION_BYTES_PER_TOKEN_HIDDEN * role.max_num_batched_tokens
+                        * model.hidden)
+    reserve = RESERVE_GB * 1e9 * (hardware.hbm_gb / 80.0 if hardware.name == "cpu" else 1.0)
+    fraction_of = KV_FRACTION_OF.get(engine)
+    if fraction_of is None:
+        raise SpecError(f"engine={engine!r} has no memory rule; known: "
+                        f"{', '.join(KV_FRACTION_OF)}")
+    taken = held - offload + activations + reserve
+    budget = (hardware.hbm_bytes * role.gpu_memory_utilization if fraction_of == "total"
+              else taken + role.gpu_memory_utilization * max(hardware.hbm_bytes - taken, 0.0))
     return RankMemory(
-        budget=hardware.hbm_bytes * role.gpu_memory_utilization,
+        budget=budget,
         weights=held - offload,
         offloaded=offload,
         redundant_experts=redundant,
-        activations=float(ACTIVATION_BYTES_PER_TOKEN_HIDDEN * role.max_num_batched_tokens
-                          * model.hidden),
-        reserve=RESERVE_GB * 1e9 * (hardware.hbm_gb / 80.0 if hardware.name == "cpu" else 1.0),
+        activations=activations,
+        reserve=reserve,
         kv_bytes_per_token=kv,
     )
 
@@ -151,12 +169,12 @@ def host_weights_per_gpu(model: ModelSpec, hardware: HardwareSpec, role: RoleSpe
 
 def check_memory(name: str, model: ModelSpec, hardware: HardwareSpec, role: RoleSpec,
                  weights: str, kv_cache: str, min_kv_tokens: int | None = None,
-                 indexer: str = "fp8") -> RankMemory:
-    """The rank's memory, or a SpecError with the numbers when it does not fit.
+                 indexer: str = "fp8", engine: str = "vllm") -> RankMemory:
+    """The rank's memory on `engine`, or a SpecError with the numbers when it does not fit.
 
     The KV pool must hold at least `min_kv_tokens` (default: one max_num_batched_tokens chunk).
     """
-    mem = rank_memory(model, hardware, role, weights, kv_cache, indexer)
+    mem = rank_memory(model, hardware, role, weights, kv_cache, indexer, engine)
     tables = host_weights_per_gpu(model, hardware, role, weights)
     host = (role.cpu_offload_gb + role.host_cache_gb) * GIB + tables
     if host > hardware.host_gb * 1e9:

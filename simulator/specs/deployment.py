@@ -117,7 +117,9 @@ class RoleSpec(Spec):
     (TensorRT-LLM's attention_dp_config enable_balance, timeout_iters 60, batching_wait_iters
     0; engine trtllm with dep only) (default false)."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    """Share of GPU memory the engine may use, in (0, 1] (default 0.9)."""
+    """Share of GPU memory the engine may use, in (0, 1] (default 0.9): of the whole HBM for
+    vLLM and SGLang, of the memory the loaded model leaves free for TensorRT-LLM (its
+    free_gpu_memory_fraction)."""
     cpu_offload_gb: float = Field(0.0, ge=0, le=MAX_HOST_GB)
     """GiB of weights per GPU kept in host memory and read over the host link in every forward
     pass (vLLM --cpu-offload-gb, zero-copy; fast on GB200/GB300's NVLink-C2C) (default 0)."""

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from simulator.calibration.serving import ServingOverhead
+from simulator.cost.memory import kv_split
 from simulator.cost.step import Batch, Instance, step_time
 from simulator.des.prefix_cache import BLOCK_TOKENS
 from simulator.des.pricing import instance_key, operation_prices
@@ -176,10 +177,13 @@ class Screen:
         }
 
 
-def _kv_cost(resolved: Resolved) -> Callable[[float], float]:
-    """KV pool tokens a request of a given context takes (windows, compressed entries)."""
+def _kv_cost(resolved: Resolved, role: str) -> Callable[[float], float]:
+    """KV pool tokens a request of a given context takes on a rank of `role` (windows,
+    compressed entries, per-request state)."""
     p = resolved.deployment.precision
-    return resolved.model.kv_token_cost(p.kv_cache, p.indexer_cache)
+    spec = resolved.roles[role].spec
+    return resolved.model.kv_token_cost(p.kv_cache, p.indexer_cache,
+                                        kv_split(resolved.model, spec, p.weights))
 
 
 def _stats(v: float) -> dict[str, float]:
@@ -246,7 +250,7 @@ class _Disaggregated(_Model):
                           t.prompt)
         self.uncached = max(t.prompt - self.cached, 1.0)
         context = t.prompt + t.output / 2
-        kv_cap = dec.memory.kv_tokens / _kv_cost(resolved)(t.prompt + t.output)
+        kv_cap = dec.memory.kv_tokens / _kv_cost(resolved, "decode")(t.prompt + t.output)
         self.cap = max(min(float(dec.spec.max_num_seqs), kv_cap), 0.0)
         self.bs = _grid(max(self.cap, 1.0), 1.0, 2.0)
         self.ts = np.array([screen.step_ms(self.dec, resolved, b, context, 0, 0) / 1e3
@@ -323,7 +327,7 @@ class _Aggregated(_Model):
         self.uncached = max(t.prompt - self.cached, 1.0)
         context = t.prompt + t.output / 2
         self.budget = float(role.spec.max_num_batched_tokens)
-        kv_cap = role.memory.kv_tokens / _kv_cost(resolved)(t.prompt + t.output)
+        kv_cap = role.memory.kv_tokens / _kv_cost(resolved, "aggregated")(t.prompt + t.output)
         self.cap = max(min(float(role.spec.max_num_seqs), kv_cap), 0.0)
         self.bs = _grid(max(self.cap, 1.0), 1.0, 2.0)
         self.ts = np.array([screen.step_ms(inst, resolved, b, context, 0, 0) / 1e3

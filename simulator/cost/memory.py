@@ -123,6 +123,12 @@ def prefetch_plan(model: ModelSpec, role: RoleSpec, weights: str) -> Prefetch | 
     return Prefetch(group, model.layers // group, per)
 
 
+def kv_split(model: ModelSpec, role: RoleSpec, weights: str) -> int:
+    """The TP ranks a rank of `role` shares its KV cache over (`ModelSpec.kv_token_cost`'s
+    split): the attention TP group under expert parallelism, else the TP size."""
+    return _held(model, role, weights)[3]
+
+
 def _held(model: ModelSpec, role: RoleSpec, weights: str) -> tuple[float, float, float, int]:
     """(weights a rank holds in HBM before any offloading, the part that is its decoder
     layers', the part that is redundant expert replicas, the ranks a TP group splits its KV

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -64,9 +64,10 @@ class Shared:
     sink: Sink
     prefix_hit_rate: float
     """Share of a prompt served from cache when the request carries no block ids."""
-    kv_cost: Callable[[float], float] = float
-    """KV pool tokens a request of a given context takes (the model's windows, compressed
-    entries and per-request state, in units of one full token's KV)."""
+    kv_costs: dict[str, Callable[[float], float]] = field(default_factory=dict)
+    """Per role: KV pool tokens a request of a given context takes on a rank (the model's
+    windows, compressed entries and per-request state, in units of one full token's KV there);
+    a role not listed: its context."""
     dp_wait_every: int = 1
     """Steps of an instance per one whose DP wait is priced (SimOptions.dp_wait_every)."""
     macro_steps: bool = True
@@ -82,7 +83,8 @@ class Engine:
         self.name, self.spec, self.pricer, self.experts = name, spec, pricer, experts
         self.dp = pricer.instance.dp
         self.spec_tokens = pricer.instance.spec_tokens
-        self.kv = KvPool(self.dp, kv_tokens, lambda: self.env.now, shared.kv_cost)
+        self.kv = KvPool(self.dp, kv_tokens, lambda: self.env.now,
+                         shared.kv_costs.get(pricer.instance.role, float))
         self._wake = self.env.event()
         self._idle = False
         self._run: Run | None = None

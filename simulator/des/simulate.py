@@ -20,6 +20,7 @@ import simpy
 from simulator.calibration import Calibration
 from simulator.calibration.serving import ServingOverhead
 from simulator.cost import Batch, instance_from_role, step_time
+from simulator.cost.memory import kv_split
 from simulator.des.arrivals import Traffic
 from simulator.des.engines import (
     AggregatedEngine,
@@ -154,10 +155,14 @@ class _Run:
         self.infos: dict[str, InstanceInfo] = {}
         self.pricers: dict[tuple[str, float], StepPricer] = {}
         p = deployment.precision
-        kv_cost = self.model.kv_token_cost(p.kv_cache, p.indexer_cache)
+        self.kv_costs = {role: self.model.kv_token_cost(
+            p.kv_cache, p.indexer_cache, kv_split(self.model, spec, p.weights))
+            for role, spec in deployment.roles.items()}
+        """Per role: the KV pool tokens a request of a given context takes on a rank."""
         self.shared = Shared(self.env, self.table, self.recorder, self,
                              workload.prefix_hit_rate,
-                             kv_cost if kv_cost is float else remembered(kv_cost),
+                             {role: cost if cost is float else remembered(cost)
+                              for role, cost in self.kv_costs.items()},
                              max(int(opts.dp_wait_every), 1), opts.macro_steps)
         self._kv_bytes = remembered(lambda context: self.model.kv_bytes(
             context, p.kv_cache, p.indexer_cache))
@@ -282,8 +287,7 @@ class _Run:
             """What one more block of a long prompt adds to `of_context` (its slope there)."""
             return (of_context(2.0 ** 20) - of_context(2.0 ** 19)) / 2.0 ** 19 * block
 
-        pool_per_block = max(per_block(self.model.kv_token_cost(p.kv_cache, p.indexer_cache)),
-                             1e-9)
+        pool_per_block = max(per_block(self.kv_costs[role]), 1e-9)
 
         def free_blocks(rank: int) -> int:
             return int(max(pool.capacity - float(pool.used[rank]), 0.0) // pool_per_block)

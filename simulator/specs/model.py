@@ -348,18 +348,25 @@ class ModelSpec(BaseModel):
         return float(sum(k.kv_fixed_bytes(self, kv_dtype, indexer) * n
                          for k, n in self.kinds()))
 
-    def kv_token_cost(self, kv_dtype: str, indexer: str = "fp8") -> Callable[[float], float]:
-        """Context -> KV pool tokens one request takes, a pool token being the KV one more
-        context token adds (`kv_bytes_per_token`): the context itself for a model whose every
-        layer grows alike, more for windows and per-request compressor state."""
-        per = self.kv_bytes_per_token(kv_dtype, indexer)
+    def kv_token_cost(self, kv_dtype: str, indexer: str = "fp8",
+                      split: int = 1) -> Callable[[float], float]:
+        """Context -> KV pool tokens one request takes on a rank, a pool token being the KV
+        one more context token adds there: the context itself for a model whose every layer
+        grows alike, more for windows and per-request compressor or recurrent state. `split`:
+        the TP ranks an instance shares its cache over (`memory.kv_split`), which each kind
+        divides its own way (GQA by its KV heads, Gated DeltaNet by its key heads, latent
+        caches not at all): a rank's share of a request is taken kind by kind."""
+        check_kv_dtype(kv_dtype, indexer)
+        kinds = self.kinds()  # once, not on every admission
+        ways = [float(k.kv_split(self, split)) for k, _ in kinds]
+        per = sum(k.kv_token_bytes(self, kv_dtype, indexer) * n / w
+                  for (k, n), w in zip(kinds, ways, strict=True))
         if not self.kv_fixed_bytes(kv_dtype, indexer) or per <= 0:
             return float
-        kinds = self.kinds()  # once, not on every admission
 
         def cost(context: float) -> float:
-            return float(sum(k.kv_bytes(self, context, kv_dtype, indexer) * n
-                             for k, n in kinds)) / per
+            return float(sum(k.kv_bytes(self, context, kv_dtype, indexer) * n / w
+                             for (k, n), w in zip(kinds, ways, strict=True))) / per
         return cost
 
     @property

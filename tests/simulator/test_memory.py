@@ -101,3 +101,29 @@ def test_tensorrt_llm_gives_the_kv_pool_its_fraction_of_the_free_memory():
     assert rank_memory(R1, b200, role, "fp8", "fp8", engine="sglang").kv_pool == vllm.kv_pool
     with pytest.raises(SpecError, match="engine='tgi' has no memory rule; known: vllm"):
         rank_memory(R1, b200, role, "fp8", "fp8", engine="tgi")
+
+
+def test_a_rank_holds_its_share_of_each_kinds_cache_the_kinds_own_way():
+    """Qwen3.5's full-attention layers split their cache over its 2 KV heads, its Gated
+    DeltaNet layers their recurrent state over 16 key heads: on TP4 a rank keeps half of a
+    request's attention KV and a quarter of its state. A request's pool tokens on a rank are
+    that share over the rank's per-token bytes (the whole-model ratio would count the state
+    twice over); with one way (TP1, or a model whose every kind splits alike) it is unchanged."""
+    from simulator.cost.memory import kv_split
+    from tests.simulator.test_model import load_shipped
+
+    m = load_shipped("Qwen--Qwen3.5-397B-A17B_config.json")
+    (gqa, full), (gdn, linear) = m.kinds()
+    assert (gqa.name, gdn.name) == ("gqa", "linear")
+    tp4 = RoleSpec(tp=4)
+    assert kv_split(m, tp4, "fp8") == 4 and gqa.kv_split(m, 4) == 2 and gdn.kv_split(m, 4) == 4
+    context = 9216.0
+    per_rank_token = gqa.kv_token_bytes(m, "fp8") * full / 2
+    share = (gqa.kv_bytes(m, context, "fp8") * full / 2 + gdn.state_bytes(m) * linear / 4)
+    cost = m.kv_token_cost("fp8", split=4)(context)
+    assert cost == pytest.approx(share / per_rank_token)
+    whole = m.kv_token_cost("fp8")(context)
+    assert whole == pytest.approx((gqa.kv_bytes(m, context, "fp8") * full
+                                   + gdn.state_bytes(m) * linear) / (per_rank_token * 2))
+    assert cost < whole  # the state is a smaller share of a rank than of the model
+    assert R1.kv_token_cost("fp8", split=8) is float  # MLA: every token alike, one way

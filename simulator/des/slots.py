@@ -53,6 +53,8 @@ class DecodeSlots:
         k x accepted >= target - DONE_EPS (set when it turns active)."""
         self.target = np.zeros(shape)
         self.reserved = np.zeros(shape)
+        """KV pool tokens each slot holds (the cost of its whole context), given back when it
+        finishes."""
         self.held = np.zeros(ranks, dtype=np.int64)
         """Slots reserved per rank (active or not)."""
         self.queues: list[deque[tuple[int, float, float]]] = [deque() for _ in range(ranks)]
@@ -106,7 +108,7 @@ class DecodeSlots:
         self.generated0[rank, slot] = 0.0
         self.steps[rank, slot] = 0.0
         self.target[rank, slot] = output
-        self.reserved[rank, slot] = need
+        self.reserved[rank, slot] = self.kv.cost(need)  # what `take` added: given back as is
         self.held[rank] += 1
         return slot
 
@@ -207,7 +209,7 @@ class DecodeSlots:
 
     def finish_now(self, rank: int, slot: int) -> None:
         """Free a slot whose request needs no decode step (one output token, made by prefill)."""
-        self.kv.give(rank, self.reserved[rank, slot])
+        self.kv.used[rank] = max(self.kv.used[rank] - self.reserved[rank, slot], 0.0)
         self.held[rank] -= 1
         self._free[rank].append(slot)
         self.rid[rank, slot] = -1

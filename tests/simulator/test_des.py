@@ -322,6 +322,23 @@ def test_a_slot_activated_during_a_step_joins_the_next_one() -> None:
     assert finished.tolist() == [7] and ranks == [0] and kv.used[0] == 103
 
 
+def test_a_finished_request_gives_back_the_pool_tokens_its_context_cost() -> None:
+    """Where a request costs the pool more than its context (a window, per-request state: V4,
+    gpt-oss, Qwen3.5), what it reserved comes back whole when it finishes, by a decode step or
+    at once; the pool is empty again, not left holding each request's fixed part."""
+    kv = KvPool(1, 10_000, lambda: 0.0, cost=lambda context: context + 1_000)
+    slots = DecodeSlots(1, 4, kv)
+    a = slots.reserve(0, 7, 100, 2)
+    b = slots.reserve(0, 8, 300, 1)
+    assert a is not None and b is not None and kv.used[0] == (1_102 + 1_301)
+    slots.activate(0, a)
+    for _ in range(2):
+        _, finished, _ = slots.advance(slots.active.copy(), slots.fresh.copy())
+    assert finished.tolist() == [7] and kv.used[0] == 1_301
+    slots.finish_now(0, b)
+    assert kv.used[0] == 0
+
+
 def test_csv_trace_with_hash_ids_and_bad_traces(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     path.write_text('timestamp,input_length,output_length,hash_ids\n'

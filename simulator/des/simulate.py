@@ -292,8 +292,9 @@ class _Run:
         def free_blocks(rank: int) -> int:
             return int(max(pool.capacity - float(pool.used[rank]), 0.0) // pool_per_block)
 
+        split = kv_split(self.model, spec, p.weights)  # a rank holds and moves its share
         bytes_per_block = per_block(lambda ctx: self.model.kv_bytes(ctx, p.kv_cache,
-                                                                    p.indexer_cache))
+                                                                    p.indexer_cache, split))
         host_blocks = int(spec.host_cache_gb * 2 ** 30 // max(bytes_per_block, 1.0))
         link = self.hardware.host_link_gb_s * 1e9
         return RankCaches(len(pool.used), free_blocks, host_blocks, block,

@@ -335,11 +335,13 @@ class ModelSpec(BaseModel):
         check_kv_dtype(kv_dtype, indexer)
         return float(sum(k.kv_token_bytes(self, kv_dtype, indexer) * n for k, n in self.kinds()))
 
-    def kv_bytes(self, context: float, kv_dtype: str, indexer: str = "fp8") -> float:
+    def kv_bytes(self, context: float, kv_dtype: str, indexer: str = "fp8",
+                 split: int = 1) -> float:
         """KV bytes one request of `context` tokens holds over all layers (windows, compressed
-        entries and per-request compressor state included)."""
+        entries and per-request compressor state included); with `split`, on one rank of a TP
+        group of that many (each kind's share its own way, as `kv_token_cost` takes it)."""
         check_kv_dtype(kv_dtype, indexer)
-        return float(sum(k.kv_bytes(self, context, kv_dtype, indexer) * n
+        return float(sum(k.kv_bytes(self, context, kv_dtype, indexer) * n / k.kv_split(self, split)
                          for k, n in self.kinds()))
 
     def kv_fixed_bytes(self, kv_dtype: str, indexer: str = "fp8") -> float:

@@ -245,3 +245,21 @@ def test_the_holders_index_routes_as_a_look_into_every_ranks_cache(host_gb: floa
     indexed = _routed(dep, wl, True, looks)
     assert len(indexed) == 200 and indexed == _routed(dep, wl, False, looks)
     assert looks["hit"] > 100 and looks["partial"] > 100 and looks["evicted"] > 100
+
+
+def test_a_ranks_host_tier_holds_blocks_of_its_own_share_of_the_cache() -> None:
+    """host_cache_gb is per GPU, and a GPU of a TP group holds its share of each block: Qwen3's
+    4 KV heads over TP4, a quarter of the whole model's bytes a block; DeepSeek's latent cache
+    whole on every rank."""
+    from simulator.specs.model import load_model
+
+    wl = Workload(arrival=SessionsArrival(concurrency=2), requests=4, seed=1)
+    for model, tp, share in (("qwen3-235b-a22b", 4, 4), ("deepseek-v3", 8, 1)):
+        dep = Deployment(model=model, hardware="h200",
+                         aggregated=RoleSpec(tp=tp, host_cache_gb=1.0))
+        r = _Run(dep, wl, None, None, None, SimOptions())
+        cache = r.engines["aggregated"][0].cache
+        assert cache is not None and cache.host is not None
+        m, block = load_model(model), r.table.block_tokens
+        whole = (m.kv_bytes(2.0 ** 20, "fp8") - m.kv_bytes(2.0 ** 19, "fp8")) / 2.0 ** 19 * block
+        assert cache.host[0]._capacity == int(2 ** 30 // (whole / share))

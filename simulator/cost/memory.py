@@ -66,11 +66,9 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
     layers are loaded only when the role decodes speculatively with them, their routed
     experts spread over the EP ranks like the others.
     """
-    held, _, redundant, kv_split = _held(model, role, weights)
+    held, _, redundant, split = _held(model, role, weights)
     # Each kind says how a TP group splits its cache (GQA by KV heads; latent caches not).
-    model.kv_bytes_per_token(kv_cache, indexer)  # checks the dtypes
-    kv = sum(k.kv_token_bytes(model, kv_cache, indexer) * n / k.kv_split(model, kv_split)
-             for k, n in model.kinds())
+    kv = model.kv_bytes_per_token(kv_cache, indexer, split)
     if kv <= 0:  # every layer windowed: a pool token is one token of a window
         kv = model.kv_bytes(1, kv_cache, indexer)
     offload = min(role.cpu_offload_gb * GIB, held)

@@ -35,11 +35,19 @@ class KvPool:
         used = self.used[rank]
         return bool(used + self.cost(tokens) <= self.capacity or used == 0)
 
-    def take(self, rank: int, tokens: float) -> None:
-        self.used[rank] += self.cost(tokens)
+    def take(self, rank: int, tokens: float) -> float:
+        """Reserve a request of `tokens` of context on `rank`; the pool tokens it takes."""
+        taken = self.cost(tokens)
+        self.used[rank] += taken
+        return taken
 
     def give(self, rank: int, tokens: float) -> None:
-        self.used[rank] = max(self.used[rank] - self.cost(tokens), 0.0)
+        """Give back what `take` of a request of `tokens` reserved."""
+        self.release(rank, self.cost(tokens))
+
+    def release(self, rank: int, pool_tokens: float) -> None:
+        """Give back `pool_tokens` reserved on `rank` (what `take` returned)."""
+        self.used[rank] = max(self.used[rank] - pool_tokens, 0.0)
 
     def note(self, rank: int, blocked: bool, waiting: int) -> None:
         """After an admission attempt: whether the head was refused for KV, and the queue left."""

@@ -102,13 +102,13 @@ class DecodeSlots:
         if not free or not self.kv.fits(rank, need):
             return None
         slot = free.pop()
-        self.kv.take(rank, need)
+        taken = self.kv.take(rank, need)
         self.rid[rank, slot] = rid
         self.context0[rank, slot] = context
         self.generated0[rank, slot] = 0.0
         self.steps[rank, slot] = 0.0
         self.target[rank, slot] = output
-        self.reserved[rank, slot] = self.kv.cost(need)  # what `take` added: given back as is
+        self.reserved[rank, slot] = taken  # given back as is
         self.held[rank] += 1
         return slot
 
@@ -209,7 +209,7 @@ class DecodeSlots:
 
     def finish_now(self, rank: int, slot: int) -> None:
         """Free a slot whose request needs no decode step (one output token, made by prefill)."""
-        self.kv.used[rank] = max(self.kv.used[rank] - self.reserved[rank, slot], 0.0)
+        self.kv.release(rank, self.reserved[rank, slot])
         self.held[rank] -= 1
         self._free[rank].append(slot)
         self.rid[rank, slot] = -1

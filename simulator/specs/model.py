@@ -329,11 +329,13 @@ class ModelSpec(BaseModel):
 
     # ---- KV cache ---------------------------------------------------------------------------
 
-    def kv_bytes_per_token(self, kv_dtype: str, indexer: str = "fp8") -> float:
+    def kv_bytes_per_token(self, kv_dtype: str, indexer: str = "fp8", split: int = 1) -> float:
         """KV bytes one more context token adds over all layers, for contexts longer than any
-        window (windowed layers add nothing; compressed layers a share of an entry)."""
+        window (windowed layers add nothing; compressed layers a share of an entry); with
+        `split`, on one rank of a TP group of that many (each kind's share its own way)."""
         check_kv_dtype(kv_dtype, indexer)
-        return float(sum(k.kv_token_bytes(self, kv_dtype, indexer) * n for k, n in self.kinds()))
+        return float(sum(k.kv_token_bytes(self, kv_dtype, indexer) * n / k.kv_split(self, split)
+                         for k, n in self.kinds()))
 
     def kv_bytes(self, context: float, kv_dtype: str, indexer: str = "fp8",
                  split: int = 1) -> float:
@@ -358,13 +360,11 @@ class ModelSpec(BaseModel):
         the TP ranks an instance shares its cache over (`memory.kv_split`), which each kind
         divides its own way (GQA by its KV heads, Gated DeltaNet by its key heads, latent
         caches not at all): a rank's share of a request is taken kind by kind."""
-        check_kv_dtype(kv_dtype, indexer)
-        kinds = self.kinds()  # once, not on every admission
-        ways = [float(k.kv_split(self, split)) for k, _ in kinds]
-        per = sum(k.kv_token_bytes(self, kv_dtype, indexer) * n / w
-                  for (k, n), w in zip(kinds, ways, strict=True))
+        per = self.kv_bytes_per_token(kv_dtype, indexer, split)
         if not self.kv_fixed_bytes(kv_dtype, indexer) or per <= 0:
             return float
+        kinds = self.kinds()  # once, not on every admission
+        ways = [k.kv_split(self, split) for k, _ in kinds]
 
         def cost(context: float) -> float:
             return float(sum(k.kv_bytes(self, context, kv_dtype, indexer) * n / w

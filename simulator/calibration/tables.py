@@ -1151,7 +1151,12 @@ class Calibration:
         pts = np.stack([t, np.full_like(t, ep)], axis=1)
         wide = self._wide_a2a(hidden, topk, experts, phase, low_latency)
         own_ep = 0.0 if grid is None else float(grid[0].axes[1].max())
-        if wide is not None and ep > own_ep and float(wide[0].axes[1].max()) > own_ep:
+        if wide is not None and self.engine == "sglang":
+            # SGLang's own collector measured these kernels (at every node count it ships):
+            # its own table, before vLLM's (on GB200, 1-32 tokens a rank: 17-19 us where
+            # vLLM's harness times 62-110 us)
+            grid = wide
+        elif wide is not None and ep > own_ep and float(wide[0].axes[1].max()) > own_ep:
             # Wider than the engine's own table measured: DeepEP measured at that EP size
             # (multi-node), with the same kernels, beats extrapolating an 8-GPU measurement.
             grid = wide

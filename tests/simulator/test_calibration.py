@@ -152,6 +152,25 @@ def test_wide_ep_all_to_all_comes_from_the_multi_node_measurement():
     assert "comm/vllm" in own.table
 
 
+def test_sglang_all_to_all_comes_from_its_own_deepep_measurement_at_any_ep_size():
+    """SGLang's collector measured DeepEP on GB200 (one 4-GPU host: EP4): an SGLang instance's
+    exchange comes from that table, a measured point exactly, not from vLLM's harness (which
+    times the same kernels at 62-110 us); vLLM keeps its own."""
+    hw = load_hardware("gb200")
+    df = pd.read_parquet(aic_system_dir("gb200")
+                         / "comm/sglang/0.5.12/wideep_deepep_ll_perf.parquet")
+    row = df[(df.node_num == 1) & (df.num_token == 4) & (df.hidden_size == 7168)
+             & (df.num_experts == 256) & (df.num_topk == 8)].iloc[0]
+    for phase in ("dispatch", "combine"):
+        got = load_calibration(hw, "sglang").all_to_all(4, 7168, 8, 256, 4, phase, True,
+                                                        hw.scaleup_gb_s)
+        assert got.source == "measured" and "wideep_deepep_ll" in got.table
+        assert got.ms[0] == pytest.approx(row[f"{phase}_avg_t_us"] * 1e-3)
+        own = load_calibration(hw, "vllm").all_to_all(4, 7168, 8, 256, 4, phase, True,
+                                                      hw.scaleup_gb_s)
+        assert own.table == "gb200/comm/vllm/0.24.0" and own.ms[0] > 3 * got.ms[0]
+
+
 def test_trtllm_all_to_all_comes_from_its_own_measured_kernels():
     """TensorRT-LLM's collector names its DeepEP kernels trtllm_deepep_{ht,ll} and measures
     several dtypes: its own table prices a TensorRT-LLM instance's exchange (the phase's dtype,

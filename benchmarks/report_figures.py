@@ -155,7 +155,7 @@ and one redundant expert per decode rank (EPLB); DEP32 is the decode size the re
 RACK_ROUTERS = ("session_affinity",)
 """Prefill router policies tried (the report does not say which it ran; prefix_aware served
 fewer tokens at every point of 2026-12-02's runs)."""
-RACK_LOADS = (2048, 3072, 4096)
+RACK_LOADS = (2048, 3072, 3584, 4096)
 """Session lanes tried; each run measures 3 turns per lane after the warmup turns."""
 RACK_SPEED = 196.0
 _RACK: dict[str, Any] = {}
@@ -268,7 +268,7 @@ FIGURES = [
     Figure("rack: tok/s/GPU at P90 196 tok/s/user", 954_000, "tok/s/GPU", _rack,
            lambda s: "benchmarks/report_figures.py (rack layouts x loads, agentx sessions)",
            "best of P 20/12 x DEP2 + D 2/3 x DEP16 and P 20 x DEP2 + D 1 x DEP32, "
-           "session_affinity, 2,048 / 3,072 / 4,096 lanes"),
+           "session_affinity, 2,048 / 3,072 / 3,584 / 4,096 lanes"),
 ]
 
 

@@ -201,7 +201,7 @@ def cmd_step(args: argparse.Namespace) -> int:
         return 0
     c = _console()
     c.print(f"[bold]{report['model']}[/] on {report['hardware']} ({report['engine']}), "
-            f"{args.role} instance {report['layout']}: {args.batch} requests per rank, "
+            f"{report['role']} instance {report['layout']}: {args.batch} requests per rank, "
             f"context {args.context}")
     t = Table(title=f"step time {report['total_ms']:.3f} ms "
                     f"({report['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU)")
@@ -664,8 +664,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("step", help="price one engine step of one instance of a deployment")
     p.add_argument("deployment", help="deployment YAML (DESIGN.md format)")
-    p.add_argument("--role", choices=["prefill", "decode", "aggregated"], default="decode",
-                   help="which role's instance to price (default decode)")
+    p.add_argument("--role", choices=["prefill", "decode", "aggregated"], default=None,
+                   help="which role's instance to price (default: decode, else the "
+                        "deployment's aggregated or prefill role)")
     p.add_argument("--batch", type=int, default=128,
                    help="requests per rank in the step (default 128)")
     p.add_argument("--context", type=int, default=4096,

@@ -14,7 +14,11 @@ from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
 
 
-def step_report(deployment_path: str | Path, role: str, batch: int, context: int,
+DEFAULT_ROLES = ("decode", "aggregated", "prefill")
+"""The role `rackplan step` prices when none is named: the first of these the deployment has."""
+
+
+def step_report(deployment_path: str | Path, role: str | None, batch: int, context: int,
                 cached: int = 0, ranks_busy: int | None = None) -> dict[str, Any]:
     """Step time, breakdown and provenance for `batch` requests per rank at `context` tokens.
 
@@ -31,12 +35,14 @@ def step_report(deployment_path: str | Path, role: str, batch: int, context: int
         raise SpecError(f"--context={context} must be >= 1")
     if cached < 0:
         raise SpecError(f"--cached={cached} must be >= 0")
-    if cached and role != "prefill":
-        raise SpecError(f"--cached={cached} applies to --role prefill only; for decode give the "
-                        "whole KV length as --context")
     dep = load_deployment(Path(deployment_path))
     measured = measured_overhead(dep)
     res = resolve(dep, overhead=measured)
+    if role is None:
+        role = next(r for r in DEFAULT_ROLES if r in res.roles)
+    if cached and role != "prefill":
+        raise SpecError(f"--cached={cached} applies to --role prefill only; for decode give the "
+                        "whole KV length as --context")
     if role not in res.roles:
         raise SpecError(f"--role={role!r} is not in {deployment_path}; it has "
                         f"{', '.join(res.roles)}")

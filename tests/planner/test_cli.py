@@ -160,6 +160,23 @@ def test_step_prices_a_prompt_chunk_after_a_cached_prefix(tmp_path, capsys):
                           "between 1 and")
 
 
+def test_step_prices_the_deployments_only_role_when_none_is_named(tmp_path, capsys):
+    """decode when the deployment has it; else its aggregated role, or its prefill role (a
+    prefill-only bench), which then takes --cached."""
+    decks = {"aggregated": {"aggregated": {"tp": 8}},
+             "prefill": {"prefill": {"dep": 8}},
+             "decode": {"prefill": {"dep": 8}, "decode": {"dep": 8}}}
+    for role, roles in decks.items():
+        path = write(tmp_path, {"model": "deepseek-v3", "hardware": "h200", **roles},
+                     f"{role}.yaml")
+        assert main(["step", str(path), "--batch", "8", "--context", "1024", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["role"] == role and out["total_ms"] > 0
+    assert main(["step", str(tmp_path / "prefill.yaml"), "--batch", "1", "--context", "1024",
+                 "--cached", "4096", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cached"] == 4096
+
+
 def test_workloads_lists_every_preset_and_each_simulates(tmp_path):
     r = run_cli("workloads", "--json")
     assert r.returncode == 0, r.stderr

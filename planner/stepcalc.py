@@ -13,7 +13,6 @@ from simulator.resolve import resolve
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
 
-
 DEFAULT_ROLES = ("decode", "aggregated", "prefill")
 """The role `rackplan step` prices when none is named: the first of these the deployment has."""
 

@@ -68,11 +68,12 @@ OP_FILES: dict[str, tuple[str, str]] = {
     "gdn": ("linear_attention", "gdn_perf.parquet"),
     "a2a_wide_ll": ("comm", "wideep_deepep_ll_perf.parquet"),
     "a2a_wide_normal": ("comm", "wideep_deepep_normal_perf.parquet"),
+    "a2a_nvlink": ("comm", "trtllm_alltoall_perf.parquet"),
 }
 OP_ENGINES = {"nccl": ("nccl",), "moe_wideep_generation": ("sglang",),
               "mega_moe": ("sglang",), "a2a_wide_ll": ("sglang",),
               "a2a_wide_normal": ("sglang",),
-              "moe_wideep_context": ("sglang",)}
+              "moe_wideep_context": ("sglang",), "a2a_nvlink": ("trtllm",)}
 """Ops whose tables sit under a library's folder rather than the engine's."""
 NCCL_OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
 
@@ -1151,7 +1152,12 @@ class Calibration:
         pts = np.stack([t, np.full_like(t, ep)], axis=1)
         wide = self._wide_a2a(hidden, topk, experts, phase, low_latency)
         own_ep = 0.0 if grid is None else float(grid[0].axes[1].max())
-        if wide is not None and self.engine == "sglang":
+        nvlink = self._nvlink_a2a(hidden, topk, experts, phase) if self.engine == "trtllm" else None
+        if nvlink is not None:
+            # TensorRT-LLM's own all-to-all over the NVLink domain (GB200: EP 2-64 measured),
+            # the exchange it runs there instead of DeepEP
+            grid = nvlink
+        elif wide is not None and self.engine == "sglang":
             # SGLang's own collector measured these kernels (at every node count it ships):
             # its own table, before vLLM's (on GB200, 1-32 tokens a rank: 17-19 us where
             # vLLM's harness times 62-110 us)
@@ -1161,6 +1167,38 @@ class Calibration:
             # (multi-node), with the same kernels, beats extrapolating an 8-GPU measurement.
             grid = wide
         return self._price(grid, pts, rf.transfer(nbytes(t, hidden, topk, ep), gb_s), 0.5)
+
+    def _nvlink_a2a(self, hidden: int, topk: int, experts: int,
+                    phase: str) -> tuple[Grid, int, str] | None:
+        """TensorRT-LLM's NVLink all-to-all (`trtllm_alltoall_perf`; none where the system
+        ships no such table): a grid over (tokens per rank, EP size) of a dispatch (its
+        metadata exchange, `alltoall_prepare`, plus the payload's) or a combine, in the
+        phase's dtype as the cost model sends it (A2A_DTYPES), fastest kernel per point."""
+        scaleup = self.hardware.scaleup_gb_s
+        elem = 1.0 if phase == "dispatch" else 2.0
+        keys = ["kernel_source", "moe_dtype", "num_tokens", "moe_ep_size", "hidden_size",
+                "topk", "num_experts"]
+
+        def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+            names = {"bfloat16": "bfloat16", "fp8": "fp8", "default": None}
+            dtypes = [names[d] for d in A2A_DTYPES[phase] if names[d] in set(df.moe_dtype)]
+            df = df[df.moe_dtype == dtypes[0]] if dtypes else df.iloc[:0]
+            rows = df[df.op_name == f"alltoall_{phase}"]
+            if phase == "dispatch":  # the kernels that exchange metadata first pay for it
+                prep = df[df.op_name == "alltoall_prepare"].groupby(keys).latency.min()
+                extra = rows.join(prep.rename("prepare"), on=keys).prepare.fillna(0.0)
+                rows = rows.assign(latency=rows.latency + extra)
+            return self._nearest(rows, {"hidden_size": hidden, "topk": topk,
+                                        "num_experts": experts})
+
+        def roof(r: pd.DataFrame) -> np.ndarray:
+            sent = (r.num_tokens.to_numpy(float) * r.topk.to_numpy(float)
+                    * r.hidden_size.to_numpy(float) * elem)
+            n = r.moe_ep_size.to_numpy(float)
+            return rf.transfer(sent * (n - 1) / n, scaleup)
+
+        return self._grid(("a2a_nvlink", hidden, topk, experts, phase), "a2a_nvlink", select,
+                          ["num_tokens", "moe_ep_size"], roof)
 
     def _wide_a2a(self, hidden: int, topk: int, experts: int, phase: str,
                   low_latency: bool) -> tuple[Grid, int, str] | None:

@@ -171,6 +171,34 @@ def test_sglang_all_to_all_comes_from_its_own_deepep_measurement_at_any_ep_size(
         assert own.table == "gb200/comm/vllm/0.24.0" and own.ms[0] > 3 * got.ms[0]
 
 
+def test_trtllm_on_gb200_exchanges_over_its_own_nvlink_all_to_all():
+    """GB200 ships TensorRT-LLM's NVLink all-to-all measured at EP 2-64: a TensorRT-LLM
+    instance's dispatch is its metadata exchange plus the payload's (fp8, as the cost model
+    sends it), its combine the bf16 combine, measured points exactly; vLLM keeps its own."""
+    hw = load_hardware("gb200")
+    df = pd.read_parquet(aic_system_dir("gb200")
+                         / "comm/trtllm/1.3.0rc10/trtllm_alltoall_perf.parquet")
+
+    def ms(op: str, dtype: str) -> float:
+        rows = df[(df.op_name == op) & (df.moe_dtype == dtype) & (df.num_tokens == 64)
+                  & (df.moe_ep_size == 32) & (df.kernel_source == "NVLinkTwoSided")]
+        return float(rows.latency.min())
+
+    trt = load_calibration(hw, "trtllm")
+    dispatch = ms("alltoall_prepare", "fp8") + ms("alltoall_dispatch", "fp8")
+    for phase, want in (("dispatch", dispatch), ("combine", ms("alltoall_combine", "bfloat16"))):
+        got = trt.all_to_all(64, 7168, 8, 256, 32, phase, True, hw.scaleup_gb_s)
+        assert got.table == "gb200/comm/trtllm/1.3.0rc10" and got.source == "measured"
+        assert got.ms[0] == pytest.approx(want)
+        other = load_calibration(hw, "vllm").all_to_all(64, 7168, 8, 256, 32, phase, True,
+                                                        hw.scaleup_gb_s)
+        assert "trtllm" not in other.table
+    # a system without the table keeps the DeepEP tables
+    b200 = load_calibration(load_hardware("b200"), "trtllm")
+    assert "comm/trtllm/1.3.0rc11" in b200.all_to_all(64, 7168, 8, 256, 8, "dispatch", True,
+                                                      900.0).table
+
+
 def test_trtllm_all_to_all_comes_from_its_own_measured_kernels():
     """TensorRT-LLM's collector names its DeepEP kernels trtllm_deepep_{ht,ll} and measures
     several dtypes: its own table prices a TensorRT-LLM instance's exchange (the phase's dtype,

@@ -33,7 +33,7 @@ def test_simulate_speed_prints_wall_time_rate_memory_floor_and_series():
 
 
 def test_calibration_load_prints_every_table():
-    out = run("benchmarks/calibration_load.py", "gb300")  # GB300 ships every table we read
+    out = run("benchmarks/calibration_load.py", "gb200")  # GB200 ships every table we read
     assert f"{len(OP_FILES)}/{len(OP_FILES)} tables" in out
 
 

@@ -28,7 +28,7 @@ from simulator.calibration.grid import EXTRAPOLATED, ROOFLINE, SOURCES, Grid, wo
 from simulator.specs.attention import DSV4, DSV4_ENTRY_BYTES, INDEXER_KEY_BYTES
 from simulator.specs.attention import kind as kind_of
 from simulator.specs.errors import SpecError
-from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec
+from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec, load_hardware
 from simulator.specs.memo import per_object
 from simulator.specs.model import load_model
 from simulator.specs.topology import all_to_all_rate
@@ -126,6 +126,11 @@ UNSOUND = (
             "kernel, which vLLM runs for block-quantized checkpoints (DeepSeek's)"),
 )
 """Known-unsound measurements, with the figures that show it (docs/cost-model.md)."""
+
+FABRIC_SIBLINGS = {"gb300": "gb200"}
+"""Hardware whose scale-up fabric is another's: GB300 NVL72 and GB200 NVL72 share NVLink 5 over
+the same NVSwitch trays (72 GPUs at 1.8 TB/s each), so an exchange over it measured on the
+sibling prices theirs where their own data has none (flagged extrapolated)."""
 
 STAND_IN = "_measured_by"
 """Column naming the table a stand-in row (`Unsound.stand_ins`) came from."""
@@ -1197,8 +1202,15 @@ class Calibration:
             n = r.moe_ep_size.to_numpy(float)
             return rf.transfer(sent * (n - 1) / n, scaleup)
 
-        return self._grid(("a2a_nvlink", hidden, topk, experts, phase), "a2a_nvlink", select,
-                          ["num_tokens", "moe_ep_size"], roof)
+        got = self._grid(("a2a_nvlink", hidden, topk, experts, phase), "a2a_nvlink", select,
+                         ["num_tokens", "moe_ep_size"], roof)
+        sibling = FABRIC_SIBLINGS.get(self.hardware.name)
+        if got is None and sibling is not None:
+            other = load_calibration(load_hardware(sibling), self.engine, None, self.user_dir)
+            got = other._nvlink_a2a(hidden, topk, experts, phase)
+            if got is not None:  # the sibling's measurement: its efficiency on this roofline
+                got = (got[0], max(got[1], EXTRAPOLATED), got[2])
+        return got
 
     def _wide_a2a(self, hidden: int, topk: int, experts: int, phase: str,
                   low_latency: bool) -> tuple[Grid, int, str] | None:

@@ -193,7 +193,12 @@ def test_trtllm_on_gb200_exchanges_over_its_own_nvlink_all_to_all():
         other = load_calibration(hw, "vllm").all_to_all(64, 7168, 8, 256, 32, phase, True,
                                                         hw.scaleup_gb_s)
         assert "trtllm" not in other.table
-    # a system without the table keeps the DeepEP tables
+    # GB300 shares GB200's NVLink fabric and ships no such table: GB200's prices it, flagged
+    gb300 = load_calibration(load_hardware("gb300"), "trtllm").all_to_all(
+        64, 7168, 8, 256, 32, "dispatch", True, hw.scaleup_gb_s)
+    assert gb300.table == "gb200/comm/trtllm/1.3.0rc10" and gb300.source == "extrapolated"
+    assert gb300.ms[0] == pytest.approx(dispatch)  # the same fabric's roofline
+    # a system without the table or a sibling's keeps the DeepEP tables
     b200 = load_calibration(load_hardware("b200"), "trtllm")
     assert "comm/trtllm/1.3.0rc11" in b200.all_to_all(64, 7168, 8, 256, 8, "dispatch", True,
                                                       900.0).table

@@ -1157,36 +1157,34 @@ class Calibration:
         pts = np.stack([t, np.full_like(t, ep)], axis=1)
         wide = self._wide_a2a(hidden, topk, experts, phase, low_latency)
         own_ep = 0.0 if grid is None else float(grid[0].axes[1].max())
-        nvlink = self._nvlink_a2a(hidden, topk, experts, phase) if self.engine == "trtllm" else None
-        if nvlink is not None:
-            # TensorRT-LLM's own all-to-all over the NVLink domain (GB200: EP 2-64 measured),
-            # the exchange it runs there instead of DeepEP
-            grid = nvlink
-        elif wide is not None and self.engine == "sglang":
-            # SGLang's own collector measured these kernels (at every node count it ships):
-            # its own table, before vLLM's (on GB200, 1-32 tokens a rank: 17-19 us where
-            # vLLM's harness times 62-110 us)
-            grid = wide
+        # The exchange an engine's own collector measured, where it ships, before any other:
+        # SGLang's DeepEP at every node count (on GB200, 1-32 tokens a rank: 17-19 us where
+        # vLLM's harness times 62-110 us), TensorRT-LLM's all-to-all over the NVLink domain
+        # (GB200: EP 2-64), which it runs there instead of DeepEP.
+        own_table = {"sglang": self._wide_a2a, "trtllm": self._nvlink_a2a}.get(self.engine)
+        own = None if own_table is None else own_table(hidden, topk, experts, phase, low_latency)
+        if own is not None:
+            grid = own
         elif wide is not None and ep > own_ep and float(wide[0].axes[1].max()) > own_ep:
             # Wider than the engine's own table measured: DeepEP measured at that EP size
             # (multi-node), with the same kernels, beats extrapolating an 8-GPU measurement.
             grid = wide
         return self._price(grid, pts, rf.transfer(nbytes(t, hidden, topk, ep), gb_s), 0.5)
 
-    def _nvlink_a2a(self, hidden: int, topk: int, experts: int,
-                    phase: str) -> tuple[Grid, int, str] | None:
+    def _nvlink_a2a(self, hidden: int, topk: int, experts: int, phase: str,
+                    low_latency: bool = True) -> tuple[Grid, int, str] | None:
         """TensorRT-LLM's NVLink all-to-all (`trtllm_alltoall_perf`; none where the system
         ships no such table): a grid over (tokens per rank, EP size) of a dispatch (its
         metadata exchange, `alltoall_prepare`, plus the payload's) or a combine, in the
-        phase's dtype as the cost model sends it (A2A_DTYPES), fastest kernel per point."""
+        phase's dtype as the cost model sends it (A2A_DTYPES), fastest kernel per point. The
+        same kernels serve both modes (`low_latency` is `_wide_a2a`'s, unused here)."""
         scaleup = self.hardware.scaleup_gb_s
         elem = 1.0 if phase == "dispatch" else 2.0
         keys = ["kernel_source", "moe_dtype", "num_tokens", "moe_ep_size", "hidden_size",
                 "topk", "num_experts"]
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-            names = {"bfloat16": "bfloat16", "fp8": "fp8", "default": None}
-            dtypes = [names[d] for d in A2A_DTYPES[phase] if names[d] in set(df.moe_dtype)]
+            dtypes = [d for d in A2A_DTYPES[phase] if d in set(df.moe_dtype)]
             df = df[df.moe_dtype == dtypes[0]] if dtypes else df.iloc[:0]
             rows = df[df.op_name == f"alltoall_{phase}"]
             if phase == "dispatch":  # the kernels that exchange metadata first pay for it

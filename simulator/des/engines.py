@@ -15,6 +15,7 @@ would repeat the same batch at the same price go as one event (a macro-step,
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ class Shared:
     """Steps of an instance per one whose DP wait is priced (SimOptions.dp_wait_every)."""
     macro_steps: bool = True
     """Take runs of identical decode steps as one event (SimOptions.macro_steps)."""
+    schedule_ahead: bool = True
+    """Work reaching a busy instance first runs in the step after the next
+    (SimOptions.schedule_ahead)."""
 
 
 class Engine:
@@ -87,10 +91,14 @@ class Engine:
                          shared.kv_costs.get(pricer.instance.role, float))
         self._wake = self.env.event()
         self._idle = False
+        self._waking = False
+        """Woken from idle and not yet planned: work arriving now joins the first step."""
         self._run: Run | None = None
         """The run of steps in progress (a macro-step), if any."""
         self._interruptible = False
         """Whether `poke` ends the run at its step in progress."""
+        self._step_end = 0.0
+        """When the step (or run of steps) in progress ends."""
         self._steps = 0
         """Steps priced so far (every `dp_wait_every`-th also prices the DP wait)."""
         self._waits: dict[bytes, np.ndarray] = {}
@@ -109,12 +117,14 @@ class Engine:
             if plan is None:
                 self._idle, self._wake = True, self.env.event()
                 yield self._wake
+                self._waking = False
                 continue
             steps = self.repeats(plan) if self.shared.macro_steps else 1
             if steps > 1:
                 yield from self._take_run(plan, steps)
                 continue
             st = self.price(plan)
+            self._step_end = self.env.now + st.total_ms / 1e3
             yield self.env.timeout(st.total_ms / 1e3)
             self.apply(plan, st.total_ms / 1e3)
 
@@ -125,6 +135,7 @@ class Engine:
         seconds = cost[0].total_ms / 1e3
         run = self._run = Run(self.env.now, seconds, steps, self.waiting(), self.kv.use(),
                               plan.stepped)
+        self._step_end = run.end
         self._interruptible = True
         try:
             yield self.env.timeout(delay_to(self.env.now, run.end))
@@ -141,11 +152,24 @@ class Engine:
         """New work may be possible: wake the loop if it sleeps, and end a run of steps at the
         step in progress."""
         if self._idle:
-            self._idle = False
+            self._idle, self._waking = False, True
             self._wake.succeed()
         elif self._interruptible:
             self._interruptible = False
             self._process.interrupt()
+
+    def when_planned(self, arrive: Callable[[], None]) -> None:
+        """New work (`arrive` queues it and pokes): an idle instance takes it at once. A busy
+        one has already planned the step after the one in progress (`Shared.schedule_ahead`),
+        so the work comes just after that step begins and first runs in the step after it."""
+        if self._idle or self._waking or not self.shared.schedule_ahead:
+            arrive()
+            return
+        now, run = self.env.now, self._run
+        end = self._step_end if run is None else float(run.ends[min(run.done_by(now),
+                                                                    run.steps - 1)])
+        at = math.nextafter(max(end, now), math.inf)
+        self.env.timeout(delay_to(now, at)).callbacks.append(lambda _: arrive())
 
     def _changed(self) -> None:
         """The queue or the KV use changed: the steps of a run from now on record the new."""
@@ -247,7 +271,10 @@ class Engine:
                                      admit)
         self._blocked: set[int] = set()
         self._loading = np.zeros(self.dp)
-        """Per rank: prompt tokens of requests waiting for their blocks from the host tier."""
+        """Per rank: prompt tokens of requests not queued yet (their blocks still coming from
+        the host tier, or the instance's next step already planned: `when_planned`)."""
+        self._arriving = np.zeros(self.dp)
+        """Per rank: how many requests those tokens are."""
 
     def rank_queued(self) -> np.ndarray:
         """Per rank: prompt tokens still to compute, loads from the host tier included."""
@@ -256,7 +283,7 @@ class Engine:
 
     def rank_requests(self) -> np.ndarray:
         """Per rank: requests queued and prefilling (and decoding, where it decodes)."""
-        return self.chunks.requests().astype(float)
+        return self.chunks.requests() + self._arriving
 
     def rank_cached(self, rid: int) -> np.ndarray:
         """Per rank: prompt tokens of request `rid` held there (HBM or host tier), for a
@@ -285,21 +312,23 @@ class Engine:
         if self.rewind:  # the hit's last window is computed again (V4.1's bounded replay)
             cached, load = max(cached - self.rewind, 0), max(load - self.rewind, 0)
         t.cached[rid] = cached
-        if load <= 0:
+        self._loading[rank] += n - cached
+        self._arriving[rank] += 1
+
+        def queue() -> None:
+            self._loading[rank] -= n - cached
+            self._arriving[rank] -= 1
             self.chunks.enqueue(rid, n - cached, cached, rank)
             self.poke()
+
+        if load <= 0:
+            self.when_planned(queue)
             return
         assert self.cache is not None
         t.host_loaded[rid] = load
-        self._loading[rank] += n - cached
         done = self.cache.load_done(rank, -(-load // t.block_tokens), self.env.now)
-
-        def loaded(_: simpy.Event) -> None:
-            self._loading[rank] -= n - cached
-            self.chunks.enqueue(rid, n - cached, cached, rank)
-            self.poke()
-
-        self.env.timeout(done - self.env.now).callbacks.append(loaded)
+        self.env.timeout(done - self.env.now).callbacks.append(
+            lambda _: self.when_planned(queue))
 
     def _cache_prompt(self, rank: int, rid: int) -> None:
         """The prompt of `rid` is in `rank`'s KV: later prompts may hit it."""
@@ -405,10 +434,10 @@ class PrefillEngine(Engine):
         return self.chunks.waiting()
 
     def load_tokens(self) -> float:
-        return float(self.chunks.outstanding.sum())
+        return float(self.rank_queued().sum())
 
     def load_requests(self) -> float:
-        return float(self.chunks.requests().min())
+        return float(self.rank_requests().min())
 
 
 class DecodeEngine(Engine):
@@ -438,9 +467,12 @@ class DecodeEngine(Engine):
     def activate(self, rank: int, slot: int, tail: float = 0.0) -> None:
         """The request's KV is in place; `tail`: tokens at the end of its prompt that it
         computes in its first step (a prefill chunk; 0: its first step is a decode row)."""
-        self.slots.activate(rank, slot)
-        self._tail[rank, slot] = tail
-        self.poke()
+        def arrive() -> None:
+            self.slots.activate(rank, slot)
+            self._tail[rank, slot] = tail
+            self.poke()
+
+        self.when_planned(arrive)
 
     def plan(self) -> StepPlan | None:
         n, ctx = self.slots.batch()
@@ -591,8 +623,8 @@ class AggregatedEngine(DecodeEngine):
         return self.slots.waiting() + self.chunks.waiting()
 
     def load_tokens(self) -> float:
-        return super().load_tokens() + float(self.chunks.outstanding.sum())
+        return super().load_tokens() + float(self.rank_queued().sum())
 
     def load_requests(self) -> float:
         queued = np.array([len(q) for q in self.chunks.queues])
-        return float((self.slots.requests() + queued).min())
+        return float((self.slots.requests() + queued + self._arriving).min())

@@ -83,6 +83,11 @@ class SimOptions:
     attention work on its first step and every this-many-th after it, scaled to all its steps
     (pricing each rank's attention on every step costs as much as the steps themselves); 1
     prices every step."""
+    schedule_ahead: bool = True
+    """Each engine plans its next step while the current one runs, as all three serving engines
+    do by default (vLLM's async scheduling, SGLang's and TensorRT-LLM's overlap schedulers):
+    work that reaches a busy instance (a prompt, a decode request whose KV arrived) first runs
+    in the step after the next; False: in the next step."""
     macro_steps: bool = True
     """Take a run of decode steps that repeat the same batch at the same price (until a
     request joins or finishes) as one event: the same results as stepping one by one (every
@@ -163,7 +168,8 @@ class _Run:
                              workload.prefix_hit_rate,
                              {role: cost if cost is float else remembered(cost)
                               for role, cost in self.kv_costs.items()},
-                             max(int(opts.dp_wait_every), 1), opts.macro_steps)
+                             max(int(opts.dp_wait_every), 1), opts.macro_steps,
+                             opts.schedule_ahead)
         self._kv_bytes = remembered(lambda context: self.model.kv_bytes(
             context, p.kv_cache, p.indexer_cache))
         """KV bytes a request of a given context sends from prefill to decode."""

@@ -133,6 +133,22 @@ def test_one_long_request_on_one_rank_slows_every_rank(tmp_path: Path) -> None:
     assert skewed[1] > 2 * even[1]
 
 
+def test_a_request_reaching_a_busy_engine_runs_in_the_step_after_the_next(
+        tmp_path: Path) -> None:
+    """The engines plan step k+1 while step k runs (vLLM's async scheduling, the overlap
+    schedulers): a prompt that arrives during a decode step waits for that step and one more
+    before its prefill. A request reaching an idle engine starts at once either way."""
+    path = tmp_path / "two.csv"
+    path.write_text("timestamp,input_length,output_length\n0,2048,400\n1.0,2048,1\n")
+    wl = Workload(arrival=TraceArrival(path=str(path)), requests=2)
+    dep = Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(dep=8))
+    ahead, now = (simulate(dep, wl, expert_counts=UNIFORM,
+                           options=SimOptions(schedule_ahead=flag)) for flag in (True, False))
+    assert ahead.ttft_s[0] == now.ttft_s[0]  # the first found the engine idle
+    step = one_rank_step(cost_instance("aggregated", RoleSpec(dep=8)), True, 2048 + 64)
+    assert ahead.ttft_s[1] - now.ttft_s[1] == pytest.approx(step, rel=0.02)
+
+
 def test_redundant_experts_balance_ep_ranks_and_cost_kv_capacity() -> None:
     pop = power_law_popularity(np.random.default_rng(3), MODEL.moe_layers, 256)
     plain = ExpertLoad(pop, 8, 0, MODEL.top_k)

@@ -114,7 +114,8 @@ vLLM rows keep vLLM's own default."""
 
 
 def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: float,
-          instances: float, concurrency: float, isl: float, moe: bool) -> RoleSpec:
+          instances: float, concurrency: float, isl: float, moe: bool,
+          recv: int = 1) -> RoleSpec:
     tp, dp = int(_num(tp, 1) or 1), int(_num(dp, 1) or 1)
     mtp, ep = int(_num(moe_tp, 1) or 1), int(_num(moe_ep, 1) or 1)
     if dp <= 1 and mtp > 1 and ep > 1 and tp == mtp * ep:
@@ -136,7 +137,21 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
         a2a = WIDE_EP[name] if engine != "vllm" and moe else None
         return RoleSpec(dep=dp, tp=tp if tp > 1 else None, all2all_backend=a2a,
                         attention_dp_balance=engine == "trtllm", **common)
-    return RoleSpec(tp=tp, enable_expert_parallel=moe and ep > 1, **common)
+    return RoleSpec(tp=tp, enable_expert_parallel=moe and ep > 1, recv_interval=recv, **common)
+
+
+SGLANG_RECV_SYSTEMS = ("b200_sxm", "b300_sxm")
+"""Systems whose InferenceX aggregated SGLang recipes pass --scheduler-recv-interval."""
+
+
+def recv_interval(engine: str, system: str, role: str, concurrency: float) -> int:
+    """SGLang's --scheduler-recv-interval as InferenceX's aggregated recipes on B200 and B300 set
+    it (`benchmarks/dsr1_fp4_b200.sh`, `dsr1_fp8_b200.sh`, Qwen3.5's B200 recipe: 10 below 16
+    users, 30 from 16 on, their DP size 1); its Hopper recipes (`dsr1_fp8_h200.sh`) leave it at
+    1, and so does every other engine and role."""
+    if engine == "sglang" and role == "aggregated" and system in SGLANG_RECV_SYSTEMS:
+        return 10 if concurrency < 16 else 30
+    return 1
 
 
 def batched_tokens(engine: str, role: str, concurrency: float, isl: float) -> int:
@@ -153,7 +168,8 @@ def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurre
     """One role's layout from its columns (`prefix` is "", "prefill_" or "decode_")."""
     return _role(name, row.backend, row[f"{prefix}tp_size"], row[f"{prefix}attention_dp_size"],
                  row[f"{prefix}moe_tp_size"], row[f"{prefix}moe_ep_size"], instances,
-                 concurrency, float(row.isl), moe)
+                 concurrency, float(row.isl), moe,
+                 recv_interval(row.backend, row.system, name, concurrency))
 
 
 def case_from_row(row: pd.Series) -> Case:

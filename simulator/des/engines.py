@@ -99,6 +99,12 @@ class Engine:
         """Whether `poke` ends the run at its step in progress."""
         self._step_end = 0.0
         """When the step (or run of steps) in progress ends."""
+        self._recv_every = spec.recv_interval
+        """SGLang's --scheduler-recv-interval (`RoleSpec.recv_interval`; 1: every step)."""
+        self._recv_count = 0
+        """Decode steps since the scheduler last took in new requests."""
+        self._unseen: list[tuple[float, Callable[[], None]]] = []
+        """Work that came while the scheduler was not taking any: (when, what queues it)."""
         self._steps = 0
         """Steps priced so far (every `dp_wait_every`-th also prices the DP wait)."""
         self._waits: dict[bytes, np.ndarray] = {}
@@ -116,10 +122,14 @@ class Engine:
             plan = self.plan()
             if plan is None:
                 self._idle, self._wake = True, self.env.event()
+                if self._unseen:  # an idle scheduler takes requests in at once
+                    self._take_in(self.env.now)
                 yield self._wake
                 self._waking = False
                 continue
             steps = self.repeats(plan) if self.shared.macro_steps else 1
+            if self._unseen:  # the run ends where the scheduler next takes them in
+                steps = min(steps, self._recv_every - self._recv_count)
             if steps > 1:
                 yield from self._take_run(plan, steps)
                 continue
@@ -127,6 +137,7 @@ class Engine:
             self._step_end = self.env.now + st.total_ms / 1e3
             yield self.env.timeout(st.total_ms / 1e3)
             self.apply(plan, st.total_ms / 1e3)
+            self._received(plan, [self.env.now])
 
     def _take_run(self, plan: StepPlan, steps: int) -> Generator[Any, Any, None]:
         """Up to `steps` steps of `plan` as one event: all of them, or, when `poke` comes
@@ -147,6 +158,7 @@ class Engine:
         self._interruptible, self._run = False, None
         self._record(plan, cost, run.pieces(steps), seconds)
         self.apply(plan, seconds, steps)
+        self._received(plan, run.ends[:steps].tolist())
 
     def poke(self) -> None:
         """New work may be possible: wake the loop if it sleeps, and end a run of steps at the
@@ -162,14 +174,76 @@ class Engine:
         """New work (`arrive` queues it and pokes): an idle instance takes it at once. A busy
         one has already planned the step after the one in progress (`Shared.schedule_ahead`),
         so the work comes just after that step begins and first runs in the step after it."""
-        if self._idle or self._waking or not self.shared.schedule_ahead:
+        if self._idle or self._waking:
+            arrive()
+            return
+        if self._recv_every > 1:
+            self._hold(arrive)
+            return
+        if not self.shared.schedule_ahead:
             arrive()
             return
         now, run = self.env.now, self._run
         end = self._step_end if run is None else float(run.ends[min(run.done_by(now),
                                                                     run.steps - 1)])
-        at = math.nextafter(max(end, now), math.inf)
-        self.env.timeout(delay_to(now, at)).callbacks.append(lambda _: arrive())
+        self._deliver(arrive, max(end, now))
+
+    def _deliver(self, arrive: Callable[[], None], boundary: float) -> None:
+        """`arrive` as the scheduler takes it in at step boundary `boundary` (>= now): planning
+        ahead, just after it (the step from there already planned); else at it."""
+        now = self.env.now
+        at = math.nextafter(boundary, math.inf) if self.shared.schedule_ahead else boundary
+        if at <= now and not self.shared.schedule_ahead:
+            arrive()
+            return
+        self.env.timeout(delay_to(now, max(at, now))).callbacks.append(lambda _: arrive())
+
+    # ---- SGLang's --scheduler-recv-interval -----------------------------------------------
+
+    def _hold(self, arrive: Callable[[], None]) -> None:
+        """Keep work until the scheduler next takes in requests: after `recv_interval` decode
+        steps since it last did, or after a step that computed prompt tokens (SGLang's
+        SchedulerRecvSkipper). During a run of decode steps that boundary is known: the run is
+        cut there."""
+        now, run = self.env.now, self._run
+        self._unseen.append((now, arrive))
+        if run is None:
+            return
+        j = self._recv_every - self._recv_count - 1  # the run's step whose end takes them in
+        while j < run.steps and run.ends[j] < now:
+            j += self._recv_every
+        if j < run.steps:
+            boundary = float(run.ends[j])
+            self.env.timeout(delay_to(now, boundary)).callbacks.append(
+                lambda _: self._take_in(boundary))
+
+    def _take_in(self, boundary: float) -> None:
+        """The scheduler takes in, at `boundary`, what came by then."""
+        keep = []
+        for t, arrive in self._unseen:
+            if t <= boundary:
+                self._deliver(arrive, boundary)
+            else:
+                keep.append((t, arrive))
+        self._unseen = keep
+
+    def _received(self, plan: StepPlan, ends: list[float]) -> None:
+        """Count the steps just applied (ending at `ends`) toward the next time the scheduler
+        takes in requests, and let in what came before the last such boundary among them."""
+        every = self._recv_every
+        if every <= 1:
+            return
+        if plan.chunks is not None or plan.tails:  # a step with prompt work: take in next
+            self._recv_count = 0
+            last = len(ends) - 1
+        else:
+            first = every - self._recv_count - 1
+            self._recv_count = (self._recv_count + len(ends)) % every
+            if first >= len(ends):
+                return
+            last = first + (len(ends) - 1 - first) // every * every
+        if self._unseen:
+            self._take_in(ends[last])
 
     def _changed(self) -> None:
         """The queue or the KV use changed: the steps of a run from now on record the new."""

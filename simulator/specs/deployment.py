@@ -15,6 +15,7 @@ from simulator.specs.limits import (
     MAX_HOST_GB,
     MAX_INSTANCES,
     MAX_NUM_SEQS,
+    MAX_RECV_INTERVAL,
 )
 from simulator.specs.routing import DEFAULT_ROUTER, RouterPolicy
 from simulator.specs.spec import Spec
@@ -110,6 +111,11 @@ class RoleSpec(Spec):
     dbo_prefill_token_threshold: int = Field(512, ge=0, le=MAX_CONTEXT_TOKENS)
     """With dbo: a step with prefill work of more tokens per rank than this is split (vLLM's
     default 512)."""
+    recv_interval: int = Field(1, ge=1, le=MAX_RECV_INTERVAL)
+    """SGLang's --scheduler-recv-interval: the scheduler takes in new requests only once this
+    many decode steps have run since it last did, or right after a step that computed prompt
+    tokens, so a request that comes meanwhile waits; 1: at every step (default 1; engine
+    sglang only, at most 1,000)."""
     attention_dp_balance: bool = False
     """Hold new prompts until every DP rank has one to start, so that the ranks prefill in the
     same step instead of one rank's prefill stalling the others' decode; released after
@@ -240,6 +246,10 @@ class Deployment(Spec):
                 raise SpecError(f"{name}: dbo=true needs all2all_backend in "
                                 f"{', '.join(DBO_BACKENDS)} (vLLM's micro-batching), not "
                                 f"{r.backend(name)!r}")
+            if r.recv_interval > 1 and self.engine != "sglang":
+                raise SpecError(f"{name}: recv_interval={r.recv_interval} is SGLang's "
+                                f"--scheduler-recv-interval; engine {self.engine} takes in "
+                                "requests at every step (use engine sglang, or recv_interval 1)")
             if r.attention_dp_balance and self.engine != "trtllm":
                 raise SpecError(f"{name}: attention_dp_balance=true is TensorRT-LLM's "
                                 f"attention-DP scheduler; engine {self.engine} has none (use "

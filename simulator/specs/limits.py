@@ -54,6 +54,10 @@ MAX_DRAFT_TOKENS = 64
 accepted (acceptance^k): at the best reported acceptance (0.9) the 64th adds 0.001 tokens;
 vLLM's MTP configurations use 1-4."""
 
+MAX_RECV_INTERVAL = 1_000
+"""Most decode steps between SGLang's scheduler taking in requests (`recv_interval`); InferenceX's
+recipes use 10 and 30, and a larger one would keep a request waiting for seconds."""
+
 MAX_HOST_GB = 65_536.0
 """GiB of host memory per GPU (CPU offload, the host KV tier): 64 TiB, more than any machine
 has in all (the largest hosts carry 32 TB for 8 GPUs)."""

@@ -279,3 +279,14 @@ def test_attention_dp_balance_is_tensorrt_llms_and_needs_dep() -> None:
     ok = load_deployment({**base, "engine": "trtllm",
                           "aggregated": {"dep": 8, "attention_dp_balance": True}})
     assert ok.aggregated is not None and ok.aggregated.attention_dp_balance
+
+
+def test_recv_interval_is_sglangs() -> None:
+    base = {"model": "deepseek-v3", "hardware": "h200"}
+    msg = error({**base, "aggregated": {"tp": 8, "recv_interval": 30}})
+    assert "recv_interval=30 is SGLang's --scheduler-recv-interval" in msg
+    assert "engine vllm" in msg
+    assert "recv_interval" in error({**base, "engine": "sglang",
+                                     "aggregated": {"tp": 8, "recv_interval": 0}})
+    ok = load_deployment({**base, "engine": "sglang", "aggregated": {"tp": 8, "recv_interval": 30}})
+    assert ok.aggregated is not None and ok.aggregated.recv_interval == 30

@@ -139,7 +139,7 @@ def test_a_request_reaching_a_busy_engine_runs_in_the_step_after_the_next(
     schedulers): a prompt that arrives during a decode step waits for that step and one more
     before its prefill. A request reaching an idle engine starts at once either way."""
     path = tmp_path / "two.csv"
-    path.write_text("timestamp,input_length,output_length\n0,2048,400\n1.0,2048,1\n")
+    path.write_text("timestamp,input_length,output_length\n0,2048,400\n1000,2048,1\n")  # ms
     wl = Workload(arrival=TraceArrival(path=str(path)), requests=2)
     dep = Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(dep=8))
     ahead, now = (simulate(dep, wl, expert_counts=UNIFORM,
@@ -147,6 +147,32 @@ def test_a_request_reaching_a_busy_engine_runs_in_the_step_after_the_next(
     assert ahead.ttft_s[0] == now.ttft_s[0]  # the first found the engine idle
     step = one_rank_step(cost_instance("aggregated", RoleSpec(dep=8)), True, 2048 + 64)
     assert ahead.ttft_s[1] - now.ttft_s[1] == pytest.approx(step, rel=0.02)
+
+
+def test_sglang_takes_in_requests_every_recv_interval_decode_steps(tmp_path: Path) -> None:
+    """With --scheduler-recv-interval 10, SGLang's scheduler takes in new requests after every
+    10th decode step since its last prompt step: a prompt arriving in decode step 11 waits for
+    step 20 to end (9 steps more than taking requests at every step), one arriving in step 20
+    waits no longer."""
+    dep = Deployment(model="deepseek-v3", hardware="h200", engine="sglang",
+                     aggregated=RoleSpec(dep=8, recv_interval=10))
+    every = dep.model_copy(update={"aggregated": RoleSpec(dep=8)})
+    sync = SimOptions(schedule_ahead=False)
+
+    def run(d: Deployment, rows: str) -> Any:
+        path = tmp_path / "trace.csv"
+        path.write_text("timestamp,input_length,output_length\n" + rows)
+        wl = Workload(arrival=TraceArrival(path=str(path)), requests=rows.count("\n"))
+        return simulate(d, wl, expert_counts=UNIFORM, options=sync)
+
+    alone = run(dep, "0,2048,400\n")
+    prefill = float(alone.ttft_s[0])  # the first prompt's step
+    step = alone.metrics()["tpot_ms"]["mean"] / 1e3  # a decode step of that one request
+    for arrives_in, extra in ((11, 9), (20, 0)):
+        at_ms = (prefill + (arrives_in - 0.5) * step) * 1e3  # trace timestamps are in ms
+        second = f"0,2048,400\n{at_ms:.6f},2048,1\n"
+        late = run(dep, second).ttft_s[1] - run(every, second).ttft_s[1]
+        assert late == pytest.approx(extra * step, rel=0.02, abs=1e-6)
 
 
 def test_redundant_experts_balance_ep_ranks_and_cost_kv_capacity() -> None:

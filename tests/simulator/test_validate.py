@@ -41,6 +41,23 @@ def test_aggregated_dep_row_becomes_a_dep_deployment(rows):
         int(0.8 * row.osl), row.osl)
 
 
+def test_sglang_rows_on_blackwell_take_the_recipes_recv_interval(rows):
+    """InferenceX's aggregated SGLang recipes on B200 and B300 pass --scheduler-recv-interval
+    10 below 16 users and 30 from 16 on; Hopper's and other engines' rows take every step."""
+    def interval(backend: str, system: str, conc: int) -> int:
+        row = rows[(rows.backend == backend) & (rows.system == system) & (rows["mode"] == "agg")
+                   & (rows.concurrency == conc) & (rows.attention_dp_size <= 1)
+                   & rows.model_path.str.startswith("deepseek-ai/DeepSeek-R1")].iloc[0]
+        agg = case_from_row(row).deployment.aggregated
+        assert agg is not None
+        return agg.recv_interval
+
+    assert interval("sglang", "b200_sxm", 8) == 10
+    assert interval("sglang", "b200_sxm", 16) == 30
+    assert interval("sglang", "h200_sxm", 16) == 1
+    assert interval("trtllm", "b200_sxm", 16) == 1
+
+
 def test_disaggregated_row_has_both_roles(rows):
     row = rows[(rows["mode"] == "disagg") & (rows.prefill_num_workers > 1)
                & rows.model_path.str.contains("DeepSeek")].iloc[0]

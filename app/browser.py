@@ -160,6 +160,17 @@ class Seen:
     screenshots: dict[str, Path] = field(default_factory=dict)
 
 
+def _text_when_filled(page: Page, locator: Locator, seconds: float = 15.0) -> str:
+    """The locator's text once it has any, waiting up to `seconds` (empty if it never does)."""
+    text = ""
+    for _ in range(int(seconds / 0.1)):
+        text = locator.text_content() or ""
+        if text.strip():
+            break
+        page.wait_for_timeout(100)
+    return text
+
+
 def _shot(page: Page, seen: Seen, out: Path, name: str, top: Locator,
           bottom: Locator | None = None) -> None:
     """Screenshot from the top of `top` to the bottom of `bottom` (default: of `top`). The
@@ -244,8 +255,9 @@ def search(page: Page, out: Path, seen: Seen, trials: int = 12, requests: int = 
         page.wait_for_timeout(500)
     reasons = (why.first if why.count() else page).locator('[data-testid="stDataFrame"]').first
     reasons.wait_for()
-    # the grid draws on a canvas; its text is in the accessible table beside it
-    seen.reasons = reasons.text_content() or ""
+    # the grid draws on a canvas; its text is in the accessible table beside it, which a
+    # loaded machine may fill a while after the expander opens
+    seen.reasons = _text_when_filled(page, reasons)
     seen.tables = page.locator('[data-testid="stDataFrame"]').count()
     _shot(page, seen, out, "search", results,
           page.locator('[data-testid="stMainBlockContainer"]'))

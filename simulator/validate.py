@@ -134,6 +134,7 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
     common = {"instances": n, "max_num_seqs": seqs,
               "max_num_batched_tokens": batched_tokens(engine, name, concurrency, isl)}
     if dp > 1:  # attention DP, each DP rank a TP group when tp > 1 (vLLM DP x TP x EP)
+        # `recv` is not applied: the recipes that set it run DP size 1 (`recv_interval`)
         a2a = WIDE_EP[name] if engine != "vllm" and moe else None
         return RoleSpec(dep=dp, tp=tp if tp > 1 else None, all2all_backend=a2a,
                         attention_dp_balance=engine == "trtllm", **common)

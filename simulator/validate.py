@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -115,7 +116,7 @@ vLLM rows keep vLLM's own default."""
 
 def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: float,
           instances: float, concurrency: float, isl: float, moe: bool,
-          recv: int = 1) -> RoleSpec:
+          recv: int = 1, drafts: bool = False) -> RoleSpec:
     tp, dp = int(_num(tp, 1) or 1), int(_num(dp, 1) or 1)
     mtp, ep = int(_num(moe_tp, 1) or 1), int(_num(moe_ep, 1) or 1)
     if dp <= 1 and mtp > 1 and ep > 1 and tp == mtp * ep:
@@ -131,8 +132,12 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
     n = int(instances)
     ranks = dp if dp > 1 else tp
     seqs = max(1, math.ceil(concurrency / (n * ranks if dp > 1 else n)))
-    common = {"instances": n, "max_num_seqs": seqs,
-              "max_num_batched_tokens": batched_tokens(engine, name, concurrency, isl)}
+    draft = mtp_tokens(dp) if drafts else 0
+    common: dict[str, Any] = {
+        "instances": n, "max_num_seqs": seqs,
+        "max_num_batched_tokens": batched_tokens(engine, name, concurrency, isl, draft),
+        "speculative": {"method": "mtp", "tokens": draft, "acceptance": MTP_ACCEPTANCE}
+        if draft else None}
     if dp > 1:  # attention DP, each DP rank a TP group when tp > 1 (vLLM DP x TP x EP)
         # `recv` is not applied: the recipes that set it run DP size 1 (`recv_interval`)
         a2a = WIDE_EP[name] if engine != "vllm" and moe else None
@@ -155,22 +160,61 @@ def recv_interval(engine: str, system: str, role: str, concurrency: float) -> in
     return 1
 
 
-def batched_tokens(engine: str, role: str, concurrency: float, isl: float) -> int:
+def batched_tokens(engine: str, role: str, concurrency: float, isl: float,
+                   draft: int = 0) -> int:
     """Tokens per step and rank: InferenceX's aggregated TensorRT-LLM recipes pass
-    --max_num_tokens = concurrency + ISL + 64 rounded up to 64, at least 8,192, so that a
-    prompt is never chunked; elsewhere max(8192, ISL)."""
+    --max_num_tokens = concurrency x (1 + draft tokens) + ISL + 64 rounded up to 64, at least
+    8,192, so that a prompt is never chunked; elsewhere max(8192, ISL)."""
     if engine == "trtllm" and role == "aggregated":
-        return max(8192, math.ceil((concurrency + isl + 64) / 64) * 64)
+        return max(8192, math.ceil((concurrency * (1 + draft) + isl + 64) / 64) * 64)
     return int(max(8192, isl))
 
 
+MTP_RUNS = (
+    ("trtllm", "1.2.0rc6.post3", ""),
+    ("trtllm", "1.1.0rc2.post2", "2026-01-14"),
+)
+"""Rows measured with MTP speculative decoding, though no column says so: (backend, its
+version, the day measured or "" for any day). InferenceX's configuration
+(.github/configs/nvidia-master.yaml) ran TensorRT-LLM 1.2.0rc6.post3 only in its DeepSeek-R1 MTP
+configurations (dsr1-fp8-b200-trt-mtp from 2026-02-05, dsr1-fp4-b200-trt-mtp from 2026-02-06),
+while the same configurations without MTP ran 1.2.0rc6.post2; and on 2026-01-14 it ran the sweep
+of the change that added those MTP configurations (#392, merged 2026-01-15) on 1.1.0rc2.post2,
+the image of every DeepSeek-R1 TensorRT-LLM run then. Every row of those runs that repeats a
+configuration measured without MTP has 0.43-0.87 of its TPOT; no other run does (below 0.9 on
+average, checked over every backend, model and day in the file)."""
+
+MTP_ACCEPTANCE = 0.85
+"""Probability that a draft token is accepted: the DeepSeek-V3 technical report (section 5.4.3)
+measures 85-90 % for the second token its MTP module predicts; the low end, since the recipes
+chain the one MTP layer up to three times."""
+
+
+def mtp_tokens(dp: int) -> int:
+    """Draft tokens of InferenceX's DeepSeek-R1 TensorRT-LLM MTP recipes
+    (`benchmarks/dsr1_fp8_b200_trt_mtp.sh` and its FP4 and H200 siblings): 3, or 1 with
+    attention DP."""
+    return 1 if dp > 1 else 3
+
+
+def measured_with_mtp(row: pd.Series, mtp_layers: int) -> bool:
+    """Whether a row's run decoded speculatively with the model's MTP layers (`MTP_RUNS`)."""
+    if mtp_layers == 0:
+        return False
+    source = str(row.get("silicon_data_source", ""))
+    found = re.search(r"measured=(\d{4}-\d\d-\d\d)", source)
+    day = found.group(1) if found else ""
+    return any(row.backend == backend and str(row.get("backend_version")) == version
+               and (not when or day == when) for backend, version, when in MTP_RUNS)
+
+
 def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurrency: float,
-              moe: bool) -> RoleSpec:
+              moe: bool, drafts: bool = False) -> RoleSpec:
     """One role's layout from its columns (`prefix` is "", "prefill_" or "decode_")."""
     return _role(name, row.backend, row[f"{prefix}tp_size"], row[f"{prefix}attention_dp_size"],
                  row[f"{prefix}moe_tp_size"], row[f"{prefix}moe_ep_size"], instances,
                  concurrency, float(row.isl), moe,
-                 recv_interval(row.backend, row.system, name, concurrency))
+                 recv_interval(row.backend, row.system, name, concurrency), drafts)
 
 
 def case_from_row(row: pd.Series) -> Case:
@@ -195,7 +239,8 @@ def case_from_row(row: pd.Series) -> Case:
     base: dict[str, Any] = {"model": model_ref, "hardware": SYSTEMS[row.system],
                             "engine": row.backend, "precision": precision}
     if row["mode"] == "agg":
-        base["aggregated"] = _row_role(row, "", "aggregated", 1, conc, model.is_moe)
+        base["aggregated"] = _row_role(row, "", "aggregated", 1, conc, model.is_moe,
+                                       measured_with_mtp(row, model.mtp_layers))
     else:
         base["prefill"] = _row_role(row, "prefill_", "prefill", row.prefill_num_workers, 1,
                                     model.is_moe)

@@ -214,3 +214,27 @@ def test_tensorrt_llm_rows_batch_a_whole_prompt_as_its_recipes_do(rows):
     vllm = rows[(rows.backend == "vllm") & (rows["mode"] == "agg") & (rows.isl == 1024)].iloc[0]
     other = case_from_row(vllm).deployment.aggregated
     assert other is not None and other.max_num_batched_tokens == 8192
+
+
+def test_rows_of_mtp_runs_decode_speculatively_as_their_recipes_did(rows):
+    """InferenceX ran TensorRT-LLM 1.2.0rc6.post3 only in its DeepSeek-R1 MTP configurations,
+    and its 2026-01-14 sweep on 1.1.0rc2.post2 added them: those rows draft 3 tokens (1 with
+    attention DP); the same image on other days, and every other version, draft none."""
+    def drafts(rid: str) -> int:
+        agg = case_from_row(rows[rows.id == rid].iloc[0]).deployment.aggregated
+        assert agg is not None
+        return 0 if agg.speculative is None else agg.speculative.tokens
+
+    day = "2026_04_06_deepseek_r1_b200_sxm_trtllm_"
+    assert drafts(day + "fp8_agg_1024x8192_c4_tp8_ep1_68") == 3  # 1.2.0rc6.post3
+    assert drafts(day + "fp4_agg_1024x8192_c64_tp8_ep8_981") == 3
+    assert drafts(day + "fp4_agg_1024x1024_c256_tp4_ep4_946") == 1  # attention DP
+    assert drafts(day + "fp8_agg_1024x8192_c4_tp8_ep8_978") == 3  # 1.1.0rc2.post2, 2026-01-14
+    assert drafts(day + "fp8_agg_8192x1024_c64_tp8_ep8_963") == 0  # the same, 2025-12-15
+    assert drafts(day + "fp4_agg_8192x1024_c128_tp4_ep1_4") == 0  # version not recorded
+    assert drafts("2026_03_25_deepseek_r1_b200_sxm_trtllm_fp8_agg_1024x1024_c64_tp8_0_ep1_0"
+                  "_1198") == 0  # 1.2.0rc6.post2
+    mtp = case_from_row(rows[rows.id == day + "fp8_agg_1024x8192_c4_tp8_ep1_68"].iloc[0])
+    agg = mtp.deployment.aggregated
+    assert agg is not None and agg.speculative is not None
+    assert agg.speculative.method == "mtp" and 0 < agg.speculative.acceptance < 1

@@ -127,6 +127,40 @@ UNSOUND = (
 )
 """Known-unsound measurements, with the figures that show it (docs/cost-model.md)."""
 
+
+@dataclass(frozen=True)
+class Unmeasured:
+    """A kernel an engine runs that its own harness did not time, and the engines whose
+    harnesses timed the same kernel on the same system: their rows join the engine's table,
+    where the fastest kernel of a point counts as among its own (`Grid.build`)."""
+
+    op: str
+    engine: str
+    column: str
+    value: str
+    """The engine's rows where `column` is `value` miss the kernel."""
+    kernel: str
+    """What the stand-in rows' kernel_source contains."""
+    stand_ins: tuple[str, ...]
+    """Engines whose rows of that value and kernel on the same system stand in, first found
+    first."""
+    why: str
+
+
+UNMEASURED = (
+    Unmeasured("moe", "trtllm", "moe_dtype", "fp8_block", "flashinfer_trtllm", ("sglang", "vllm"),
+               "TensorRT-LLM runs block-scaled FP8 experts on Blackwell with its trtllm-gen "
+               "kernels (moe_config.backend TRTLLM: InferenceX's DeepSeek-R1 FP8 B200 recipes "
+               "since 2026-01-29, `benchmarks/dsr1_fp8_b200_trt.sh`), but its collector timed "
+               "only DeepGEMM for that dtype (1.3.0rc20 on B200, B300, GB200, GB300). SGLang's "
+               "and vLLM's harnesses timed the same trtllm-gen kernels through FlashInfer and "
+               "agree within 15 % (B200, DeepSeek's experts split over TP8: 42 / 48 us at 4 "
+               "tokens, 156 / 161 us at 64, where DeepGEMM takes 135 and 425 us); DeepGEMM "
+               "stays where it is faster (thousands of tokens, expert parallel), as the "
+               "recipes pick it there"),
+)
+"""Kernels an engine runs that its own tables lack (docs/cost-model.md)."""
+
 FABRIC_SIBLINGS = {"gb300": "gb200"}
 """Hardware whose scale-up fabric is another's: GB300 NVL72 and GB200 NVL72 share NVLink 5 over
 the same NVSwitch trays (72 GPUs at 1.8 TB/s each), so an exchange over it measured on the
@@ -339,8 +373,9 @@ class Calibration:
 
     def _read(self, op: str, path: Path, label: str) -> tuple[pd.DataFrame, str]:
         """A shipped table without its `UNSOUND` rows, the same kernel's rows measured by a
-        stand-in engine on the same system in their place (their table in `STAND_IN`); the
-        user's own tables as they are."""
+        stand-in engine on the same system in their place (their table in `STAND_IN`), and
+        with the `UNMEASURED` kernels' rows measured by one; the user's own tables as they
+        are."""
         df = _read_parquet(path)
         parts = label.split("/")
         for u in UNSOUND:
@@ -355,6 +390,23 @@ class Calibration:
                     continue
                 alt = _read_parquet(found[0])
                 alt = alt.loc[alt[u.column] == u.value, [c for c in df if c in alt]]
+                if len(alt):
+                    df = pd.concat([df, alt.assign(**{STAND_IN: found[1]})], ignore_index=True)
+                    break
+        for m in UNMEASURED:  # only beside the engine's own rows of that value
+            if (parts[0] == "user" or (m.op, m.engine) != (op, parts[2])
+                    or not (df[m.column] == m.value).any()):
+                continue
+            import pandas as pd
+
+            for engine in m.stand_ins:
+                found = self._locate(op, (engine,), user=False)
+                if found is None:
+                    continue
+                alt = _read_parquet(found[0])
+                alt = alt.loc[(alt[m.column] == m.value)
+                              & alt.kernel_source.astype(str).str.contains(m.kernel),
+                              [c for c in df if c in alt]]
                 if len(alt):
                     df = pd.concat([df, alt.assign(**{STAND_IN: found[1]})], ignore_index=True)
                     break

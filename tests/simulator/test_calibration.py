@@ -258,6 +258,34 @@ def test_unsound_fp8_block_gemm_rows_give_way_to_the_same_kernel_measured_by_ano
     assert cal.gemm(8192, 1024, 4096, "bf16").table == "gb300/gemm/vllm/0.24.0"
 
 
+def test_tensorrt_llm_block_fp8_experts_take_the_faster_of_deepgemm_and_trtllm_gen():
+    """TensorRT-LLM's collector timed only DeepGEMM for block-scaled fp8 experts on Blackwell,
+    while its recipes run its trtllm-gen kernels (moe backend TRTLLM) where they are faster:
+    SGLang's measurement of those kernels joins the table and each point takes the faster."""
+    cal = load_calibration(load_hardware("b200"), "trtllm")
+
+    def measured(path: str, kernel: str, tokens: int, tp: int, ep: int) -> float:
+        t = pd.read_parquet(aic_system_dir("b200_sxm") / "moe" / path / "moe_perf.parquet")
+        t = t[(t.moe_dtype == "fp8_block") & (t.hidden_size == 7168) & (t.inter_size == 2048)
+              & (t.num_experts == 256) & (t.topk == 8) & (t.distribution == "balanced")
+              & (t.num_tokens == tokens) & (t.moe_tp_size == tp) & (t.moe_ep_size == ep)]
+        return float(t[t.kernel_source.str.contains(kernel)].latency.min())
+
+    small = cal.moe(4, 7168, 2048, 8, 256, 1, "fp8", tp=8)
+    gen = measured("sglang/0.5.14", "flashinfer_trtllm", 4, 8, 1)
+    assert gen < measured("trtllm/1.3.0rc20", "deepgemm", 4, 8, 1) / 2
+    assert small.source == "measured" and small.ms[0] == pytest.approx(gen)
+    assert small.table == "b200_sxm/moe/trtllm/1.3.0rc20 + b200_sxm/moe/sglang/0.5.14"
+    large = cal.moe(8192, 7168, 2048, 8, 256, 8, "fp8")
+    deepgemm = measured("trtllm/1.3.0rc20", "deepgemm", 8192, 1, 8)
+    assert deepgemm < measured("sglang/0.5.14", "flashinfer_trtllm", 8192, 1, 8)
+    assert large.ms[0] == pytest.approx(deepgemm)
+    # Hopper has no trtllm-gen kernels: its own table alone
+    hopper = load_calibration(load_hardware("h200"), "trtllm").moe(4, 7168, 2048, 8, 256, 1,
+                                                                     "fp8", tp=8)
+    assert "sglang" not in hopper.table
+
+
 def test_table_preference_order_on_a_synthetic_table_set(tmp_path, monkeypatch):
     from simulator.calibration import tables
     monkeypatch.setattr(tables, "aic_system_dir", lambda system: tmp_path / system)

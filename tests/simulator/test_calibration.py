@@ -258,6 +258,28 @@ def test_unsound_fp8_block_gemm_rows_give_way_to_the_same_kernel_measured_by_ano
     assert cal.gemm(8192, 1024, 4096, "bf16").table == "gb300/gemm/vllm/0.24.0"
 
 
+def test_vllm_legacy_mla_module_rows_give_way_to_tensorrt_llm_s_except_where_re_collected():
+    """vLLM 0.24.0's MLA module rows time RMSNorm's native chain (twice TensorRT-LLM's module
+    at small batches) except on B200, whose table was re-collected with the fused ops."""
+    def row(system: str, engine: str) -> float:
+        t = pd.read_parquet(aic_system_dir(system) / "mla" / engine
+                            / "mla_generation_module_perf.parquet")
+        t = t[(t.num_heads == 16) & (t.kv_cache_dtype == "fp8") & (t.gemm_type == "fp8_block")
+              & (t.batch_size == 4) & (t.step == 1024)]
+        return float(t.latency.min())
+
+    for engine in ("vllm", "sglang"):  # SGLang ships no module table: vLLM's stands for it
+        got = load_calibration(load_hardware("h200"), engine).mla_generation(
+            4, 1024, 16, DSV3_MLA, "fp8", "fp8")
+        assert got.table == "h200_sxm/mla/vllm/0.24.0 + h200_sxm/mla/trtllm/1.3.0rc20"
+        assert got.ms[0] == pytest.approx(row("h200_sxm", "trtllm/1.3.0rc20"))
+        assert got.ms[0] < row("h200_sxm", "vllm/0.24.0") / 2
+    b200 = load_calibration(load_hardware("b200"), "vllm").mla_generation(
+        4, 1024, 16, DSV3_MLA, "fp8", "fp8")
+    assert b200.table == "b200_sxm/mla/vllm/0.24.0"
+    assert b200.ms[0] == pytest.approx(row("b200_sxm", "vllm/0.24.0"))
+
+
 def test_tensorrt_llm_block_fp8_experts_take_the_faster_of_deepgemm_and_trtllm_gen():
     """TensorRT-LLM's collector timed only DeepGEMM for block-scaled fp8 experts on Blackwell,
     while its recipes run its trtllm-gen kernels (moe backend TRTLLM) where they are faster:

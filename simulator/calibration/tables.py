@@ -158,8 +158,10 @@ class Unmeasured:
     """What the stand-in rows' kernel_source contains."""
     stand_ins: tuple[str, ...]
     """Engines whose rows of that value and kernel on the same system stand in, first found
-    first."""
+    first, at the shapes the engine did not time that kernel at."""
     why: str
+    shape: tuple[str, ...] = ("hidden_size", "inter_size", "num_experts", "topk")
+    """The columns that name a shape."""
 
 
 UNMEASURED = (
@@ -173,6 +175,16 @@ UNMEASURED = (
                "tokens, 156 / 161 us at 64, where DeepGEMM takes 135 and 425 us); DeepGEMM "
                "stays where it is faster (thousands of tokens, expert parallel), as the "
                "recipes pick it there"),
+    Unmeasured("moe", "vllm", "moe_dtype", "w4a8_mxfp4_mxfp8", "flashinfer_trtllm",
+               ("sglang", "trtllm"),
+               "vLLM runs gpt-oss's MXFP4 experts on Blackwell with FlashInfer's trtllm-gen "
+               "MXFP4 x MXFP8 kernel when VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, as "
+               "InferenceX's B200 recipe sets it (`benchmarks/single_node/gptoss_fp4_b200.sh`); "
+               "vLLM 0.24.0's collector timed that kernel only at DeepSeek-V4's two shapes, and "
+               "gpt-oss's (hidden 2880, 128 experts, top-4) only with BF16 activations. SGLang's "
+               "harness timed the same FlashInfer kernel at gpt-oss's shape and TensorRT-LLM's "
+               "its own MXFP4 x MXFP8 kernel: 155 / 148 us at 16 tokens on B200, where vLLM's "
+               "BF16-activation rows take 204"),
 )
 """Kernels an engine runs that its own tables lack (docs/cost-model.md)."""
 
@@ -412,11 +424,16 @@ class Calibration:
                     df = pd.concat([df, alt.assign(**{STAND_IN: found[1]})], ignore_index=True)
                     break
         for m in UNMEASURED:  # only beside the engine's own rows of that value
-            if (parts[0] == "user" or (m.op, m.engine) != (op, parts[2])
-                    or not (df[m.column] == m.value).any()):
+            if parts[0] == "user" or (m.op, m.engine) != (op, parts[2]):
+                continue
+            value = df[m.column] == m.value
+            if not value.any():
                 continue
             import pandas as pd
 
+            # shapes the engine timed the kernel at itself keep its own rows alone
+            own = df.loc[value & df.kernel_source.astype(str).str.contains(m.kernel),
+                         list(m.shape)].drop_duplicates()
             for engine in m.stand_ins:
                 found = self._locate(op, (engine,), user=False)
                 if found is None:
@@ -425,6 +442,8 @@ class Calibration:
                 alt = alt.loc[(alt[m.column] == m.value)
                               & alt.kernel_source.astype(str).str.contains(m.kernel),
                               [c for c in df if c in alt]]
+                timed = alt[list(m.shape)].merge(own, how="left", indicator=True)
+                alt = alt[(timed["_merge"] == "left_only").to_numpy()]
                 if len(alt):
                     df = pd.concat([df, alt.assign(**{STAND_IN: found[1]})], ignore_index=True)
                     break

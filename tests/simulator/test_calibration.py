@@ -308,6 +308,27 @@ def test_tensorrt_llm_block_fp8_experts_take_the_faster_of_deepgemm_and_trtllm_g
     assert "sglang" not in hopper.table
 
 
+def test_vllm_gpt_oss_experts_take_flashinfer_s_mxfp8_kernel_where_vllm_did_not_time_it():
+    """vLLM's collector timed FlashInfer's MXFP4 x MXFP8 experts only at DeepSeek-V4's shapes:
+    at gpt-oss's, SGLang's timing of that kernel joins vLLM's BF16-activation rows (the faster
+    counts); at V4's, vLLM's own rows stay alone."""
+    cal = load_calibration(load_hardware("b200"), "vllm")
+
+    def rows(engine: str, hidden: int) -> pd.DataFrame:
+        t = pd.read_parquet(aic_system_dir("b200_sxm") / "moe" / engine / "moe_perf.parquet")
+        return t[(t.hidden_size == hidden) & (t.num_experts == 128) & (t.num_tokens == 16)
+                 & (t.moe_tp_size == 1) & (t.moe_ep_size == 1) & (t.distribution == "balanced")]
+
+    oss = cal.moe(16, 2880, 2880, 4, 128, 1, "fp4")
+    sglang = rows("sglang/0.5.14", 2880)
+    mxfp8 = float(sglang[sglang.moe_dtype == "w4a8_mxfp4_mxfp8"].latency.min())
+    assert mxfp8 < float(rows("vllm/0.24.0", 2880).latency.min())
+    assert oss.ms[0] == pytest.approx(mxfp8)
+    assert oss.table == "b200_sxm/moe/vllm/0.24.0 + b200_sxm/moe/sglang/0.5.14"
+    v4 = cal.moe(16, 4096, 2048, 6, 256, 1, "fp4")
+    assert v4.table == "b200_sxm/moe/vllm/0.24.0"
+
+
 def test_table_preference_order_on_a_synthetic_table_set(tmp_path, monkeypatch):
     from simulator.calibration import tables
     monkeypatch.setattr(tables, "aic_system_dir", lambda system: tmp_path / system)

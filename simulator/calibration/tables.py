@@ -405,49 +405,55 @@ class Calibration:
         are."""
         df = _read_parquet(path)
         parts = label.split("/")
+        if parts[0] == "user":
+            return df, label
+        import pandas as pd
+
         for u in UNSOUND:
-            if parts[0] == "user" or (u.op, u.engine, u.version) != (op, *parts[2:4]):
-                continue
             meta = path.parent / "collection_meta.yaml"
-            if u.fixed_by and meta.is_file() and u.fixed_by in meta.read_text():
+            if (u.op, u.engine, u.version) != (op, *parts[2:4]) or (
+                    u.fixed_by and meta.is_file() and u.fixed_by in meta.read_text()):
                 continue
-            import pandas as pd
-
             df = df[df[u.column] != u.value]
-            for engine in u.stand_ins:
-                found = self._locate(op, (engine,), user=False)
-                if found is None:
-                    continue
-                alt = _read_parquet(found[0])
-                alt = alt.loc[alt[u.column] == u.value, [c for c in df if c in alt]]
-                if len(alt):
-                    df = pd.concat([df, alt.assign(**{STAND_IN: found[1]})], ignore_index=True)
-                    break
-        for m in UNMEASURED:  # only beside the engine's own rows of that value
-            if parts[0] == "user" or (m.op, m.engine) != (op, parts[2]):
-                continue
-            value = df[m.column] == m.value
-            if not value.any():
-                continue
-            import pandas as pd
 
+            def same(t: pd.DataFrame, u: Unsound = u) -> Any:
+                return t[u.column] == u.value
+
+            alt = self._stand_in(op, u.stand_ins, list(df), same)
+            if alt is not None:
+                df = pd.concat([df, alt], ignore_index=True)
+        for m in UNMEASURED:  # only beside the engine's own rows of that value
+            value = df[m.column] == m.value if (m.op, m.engine) == (op, parts[2]) else None
+            if value is None or not value.any():
+                continue
             # shapes the engine timed the kernel at itself keep its own rows alone
             own = df.loc[value & df.kernel_source.astype(str).str.contains(m.kernel),
                          list(m.shape)].drop_duplicates()
-            for engine in m.stand_ins:
-                found = self._locate(op, (engine,), user=False)
-                if found is None:
-                    continue
-                alt = _read_parquet(found[0])
-                alt = alt.loc[(alt[m.column] == m.value)
-                              & alt.kernel_source.astype(str).str.contains(m.kernel),
-                              [c for c in df if c in alt]]
-                timed = alt[list(m.shape)].merge(own, how="left", indicator=True)
-                alt = alt[(timed["_merge"] == "left_only").to_numpy()]
-                if len(alt):
-                    df = pd.concat([df, alt.assign(**{STAND_IN: found[1]})], ignore_index=True)
-                    break
+
+            def keep(t: pd.DataFrame, m: Unmeasured = m, own: pd.DataFrame = own) -> Any:
+                timed = t[list(m.shape)].merge(own, how="left", indicator=True)
+                return ((t[m.column] == m.value).to_numpy()
+                        & t.kernel_source.astype(str).str.contains(m.kernel).to_numpy()
+                        & (timed["_merge"] == "left_only").to_numpy())
+
+            alt = self._stand_in(op, m.stand_ins, list(df), keep)
+            if alt is not None:
+                df = pd.concat([df, alt], ignore_index=True)
         return df, label
+
+    def _stand_in(self, op: str, engines: tuple[str, ...], columns: list[str],
+                  keep: Callable[[pd.DataFrame], Any]) -> pd.DataFrame | None:
+        """The rows `keep` selects of the first of `engines`' shipped tables of `op` on this
+        system that has any, in `columns`, labelled with their table (`STAND_IN`)."""
+        for engine in engines:
+            found = self._locate(op, (engine,), user=False)
+            if found is None:
+                continue
+            alt = _read_parquet(found[0])
+            alt = alt.loc[keep(alt), [c for c in columns if c in alt]]
+            if len(alt):
+                return alt.assign(**{STAND_IN: found[1]})
+        return None
 
     def _version_frames(self, op: str) -> list[tuple[pd.DataFrame, str]]:
         """The engine's own tables of `op` at its other shipped versions, newest first."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -69,10 +68,13 @@ def silicon_path() -> Path:
 
 
 def load_rows() -> pd.DataFrame:
-    """The measured rows, with their concurrency parsed out of the source note."""
+    """The measured rows, with their concurrency and the day they were measured (empty where
+    not recorded) parsed out of the source note."""
     df = pd.read_csv(silicon_path())
-    conc = df.silicon_data_source.str.extract(r"silicon_concurrency=(\d+)")[0].astype(float)
+    note = df.silicon_data_source.astype(str)
+    conc = note.str.extract(r"silicon_concurrency=(\d+)")[0].astype(float)
     df["concurrency"] = conc.fillna(df.batch_size)
+    df["measured_day"] = note.str.extract(r"measured=(\d{4}-\d\d-\d\d)")[0].fillna("")
     return df
 
 
@@ -201,11 +203,8 @@ def measured_with_mtp(row: pd.Series, mtp_layers: int) -> bool:
     """Whether a row's run decoded speculatively with the model's MTP layers (`MTP_RUNS`)."""
     if mtp_layers == 0:
         return False
-    source = str(row.get("silicon_data_source", ""))
-    found = re.search(r"measured=(\d{4}-\d\d-\d\d)", source)
-    day = found.group(1) if found else ""
-    return any(row.backend == backend and str(row.get("backend_version")) == version
-               and (not when or day == when) for backend, version, when in MTP_RUNS)
+    return any(row.backend == backend and str(row.backend_version) == version
+               and (not when or row.measured_day == when) for backend, version, when in MTP_RUNS)
 
 
 def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurrency: float,

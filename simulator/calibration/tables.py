@@ -409,10 +409,11 @@ class Calibration:
             return df, label
         import pandas as pd
 
+        meta = path.parent / "collection_meta.yaml"
+        notes = meta.read_text() if meta.is_file() else ""
         for u in UNSOUND:
-            meta = path.parent / "collection_meta.yaml"
             if (u.op, u.engine, u.version) != (op, *parts[2:4]) or (
-                    u.fixed_by and meta.is_file() and u.fixed_by in meta.read_text()):
+                    u.fixed_by and u.fixed_by in notes):
                 continue
             df = df[df[u.column] != u.value]
 
@@ -423,8 +424,10 @@ class Calibration:
             if alt is not None:
                 df = pd.concat([df, alt], ignore_index=True)
         for m in UNMEASURED:  # only beside the engine's own rows of that value
-            value = df[m.column] == m.value if (m.op, m.engine) == (op, parts[2]) else None
-            if value is None or not value.any():
+            if (m.op, m.engine) != (op, parts[2]):
+                continue
+            value = df[m.column] == m.value
+            if not value.any():
                 continue
             # shapes the engine timed the kernel at itself keep its own rows alone
             own = df.loc[value & df.kernel_source.astype(str).str.contains(m.kernel),

@@ -26,6 +26,44 @@ STEP_OVERHEAD_MS = {"gpu": 1.0, "cpu": 5.0}
 
 
 @dataclass(frozen=True)
+class SharedStream:
+    """When an engine runs a MoE layer's shared experts on a second CUDA stream, beside its
+    routed path (router, token exchange, routed experts): the layer then takes the longer of
+    the two instead of their sum."""
+
+    max_tokens: int | None
+    """Tokens per rank in the step at most (None: any)."""
+    decode_only: bool
+    """Only in decode-only steps (the engine switches streams only inside CUDA graphs)."""
+    source: str
+
+
+SHARED_EXPERT_STREAMS = {
+    "vllm": SharedStream(256, False, "vLLM: VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, "
+                         "default 256 (fused_moe/runner/shared_experts.py); off with EPLB "
+                         "over DeepEP"),
+    "sglang": SharedStream(1024, False, "SGLang: DUAL_STREAM_TOKEN_THRESHOLD 1024 "
+                           "(models/deepseek_v2.py, DeepseekV2MoE.forward); off with DeepEP"),
+    "trtllm": SharedStream(None, True, "TensorRT-LLM: maybe_execute_in_parallel, multi-stream "
+                           "only under CUDA graphs (_torch/modules/multi_stream_utils.py)"),
+}
+"""Engines that overlap shared and routed experts, and when (read in each engine's source)."""
+
+
+def shared_stream(inst: Instance, engine: str, tokens: float, decode_only: bool) -> bool:
+    """Whether `engine` runs the shared experts of a step with `tokens` per rank (the busiest)
+    on a second stream (never on the CPU: no CUDA streams)."""
+    rule = SHARED_EXPERT_STREAMS.get(engine)
+    if rule is None or inst.hardware.name == "cpu" or not inst.model.n_shared_experts:
+        return False
+    deepep = inst.dp > 1 and inst.all2all.startswith("deepep")
+    if deepep and (engine == "sglang" or (engine == "vllm" and inst.redundant_experts)):
+        return False
+    return (rule.max_tokens is None or tokens <= rule.max_tokens) and (
+        decode_only or not rule.decode_only)
+
+
+@dataclass(frozen=True)
 class Instance:
     """Everything the cost model needs about one engine instance (plain data)."""
 
@@ -355,6 +393,8 @@ class _Open:
     late: tuple[int, float] | None = None
     """V4.1 prefill: (MoE layers from `replay_from` on, their share of the step's tokens);
     None when every layer computes every token."""
+    shared_stream: bool = False
+    """The shared experts run beside the routed path (SHARED_EXPERT_STREAMS)."""
 
 
 @dataclass(frozen=True)
@@ -527,6 +567,9 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
         for layers, _, work in groups:
             ar = cal.allreduce(work.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)
             led.add("communication", "allreduce", ar, 2 * layers * float(ar.ms.max()))
+            if m.qk_norm_across_heads:  # each token's query and key variances, fp32
+                qk = cal.allreduce(work.max() * 2 * 4, inst.tp, inst.a2a_bandwidth)
+                led.add("communication", "qk_norm_allreduce", qk, layers * float(qk.ms.max()))
 
     head = cal.gemm(logits, m.vocab // inst.tp, m.hidden, "bf16")
     led.add("dense", "lm_head", head, float(head.ms.max()))
@@ -537,8 +580,9 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     late = None
     if len(groups) > 1:
         late = (groups[1][1], float(groups[1][2].sum() / tokens.sum()))
-    return _Open(led, even, bool(dec_b.sum() > 0 and pre_tok.sum() == 0), draft,
-                 float(accepted.sum()), late)
+    decode_only = bool(dec_b.sum() > 0 and pre_tok.sum() == 0)
+    return _Open(led, even, decode_only, draft, float(accepted.sum()), late,
+                 shared_stream(inst, cal.engine, float(tokens.max()), decode_only))
 
 
 def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -> StepTime:
@@ -559,6 +603,14 @@ def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -
             ms = (moe_layers - layers) * float(experts.ms.max()) + layers * float(
                 tail.ms.max())
         led.add("moe", "routed_experts", experts, ms)
+        if opened.shared_stream:  # the shorter of the two streams hides under the longer
+            path = sum(led.parts.get(k, 0.0) for k in (
+                "router", "routed_experts", "all_to_all.dispatch", "all_to_all.combine"))
+            hidden = min(led.parts.get("shared_experts", 0.0), path)
+            led.ms["moe"] -= hidden
+            led.parts["shared_experts"] -= hidden
+            led.provenance["shared_experts"] += (
+                f"; {hidden:.3g} ms on a second stream under the routed path")
 
     spec = inst.spec_tokens
     if opened.draft is not None:  # draft layers: `spec` single-layer passes at the decode

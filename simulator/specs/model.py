@@ -121,6 +121,10 @@ class ModelSpec(BaseModel):
     attn_output_gate: bool = False
     """Full-attention layers gate their output with a second query-sized projection
     (Qwen3.5)."""
+    qk_norm_across_heads: bool = False
+    """The query and key RMSNorms normalise over all heads together, not per head
+    (MiniMax-M2's qk_norm_type per_layer): with the heads split over TP ranks, each layer
+    all-reduces every token's two variances before it can normalise."""
     hc_mult: int = Field(1, ge=1)
     """V4 hyper-connections: residual streams per token (1: a plain residual)."""
     hc_sinkhorn_iters: int = Field(0, ge=0)
@@ -738,6 +742,8 @@ def _from_gqa(name: str, arch: str, cfg: dict[str, Any]) -> ModelSpec:
         mtp_layers=_get(cfg, "mtp_num_hidden_layers", default=0),
         name=name, architecture=arch, hidden=cfg["hidden_size"], layers=layers,
         dense_layers=layers if not experts else len(only), vocab=cfg["vocab_size"],
+        qk_norm_across_heads=(bool(cfg.get("use_qk_norm"))
+                              and cfg.get("qk_norm_type") == "per_layer"),
         attention="gqa", num_attention_heads=heads, num_kv_heads=kv_heads,
         head_dim=_get(cfg, "head_dim", default=cfg["hidden_size"] // heads),
         sliding_window=window if sliding else 0, sliding_layers=sliding,

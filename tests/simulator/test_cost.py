@@ -179,3 +179,59 @@ def test_attention_dp_over_tp_groups_splits_heads_weights_and_kv():
     held = rank_memory(m, hw, RoleSpec(dep=4, tp=4), "fp8", "fp8").weights
     full = rank_memory(m, hw, RoleSpec(dep=16), "fp8", "fp8").weights
     assert held < full  # attention and shared weights split inside the TP group
+
+
+def _serial(monkeypatch, inst, batch, cal):
+    """The step priced with the shared experts after the routed ones, on one stream."""
+    from simulator.cost import step as step_mod
+    with monkeypatch.context() as mp:
+        mp.setattr(step_mod, "SHARED_EXPERT_STREAMS", {})
+        return step_time(inst, batch, cal)
+
+
+@pytest.mark.parametrize(("engine", "batch", "beside"), [
+    ("vllm", Batch.decode(1, 64, 2048), True),
+    ("vllm", Batch.prefill(1, 1024), False),  # over vLLM's 256 tokens
+    ("sglang", Batch.prefill(1, 1024), True),  # within SGLang's 1,024
+    ("trtllm", Batch.decode(1, 64, 2048), True),
+    ("trtllm", Batch.prefill(1, 128), False),  # streams only in CUDA-graph decode steps
+], ids=["vllm-decode", "vllm-prefill", "sglang-prefill", "trtllm-decode", "trtllm-prefill"])
+def test_shared_experts_run_beside_the_routed_experts_where_the_engine_does(
+        monkeypatch, engine, batch, beside):
+    cal = load_calibration(H200, engine)
+    inst = Instance(DSV3, H200, "aggregated", 8, False)
+    got, serial = step_time(inst, batch, cal), _serial(monkeypatch, inst, batch, cal)
+    shared = serial.parts["shared_experts"]
+    routed = serial.parts["router"] + serial.parts["routed_experts"]
+    assert shared > 0 and routed > 0
+    if not beside:
+        assert got.total_ms == serial.total_ms
+        assert "second stream" not in got.provenance["shared_experts"]
+        return
+    # the shorter stream hides under the longer: never faster than the longer, never slower
+    assert got.total_ms == pytest.approx(serial.total_ms - min(shared, routed))
+    assert got.total_ms - got.parts["shared_experts"] >= serial.total_ms - shared - 1e-9
+    assert sum(got.parts.values()) == pytest.approx(got.total_ms)
+    assert sum(got.breakdown.values()) == pytest.approx(got.total_ms)
+    assert "second stream" in got.provenance["shared_experts"]
+
+
+def test_shared_experts_stay_on_one_stream_on_the_cpu():
+    from simulator.cost.step import shared_stream
+    inst = Instance(DSV3, load_hardware("cpu"), "aggregated", 1, False)
+    assert not shared_stream(inst, "vllm", 8, True)
+
+
+def test_minimax_query_key_norm_all_reduces_its_variances_across_tp_ranks():
+    from simulator.validate import model_source
+    mm = load_model(model_source("MiniMaxAI/MiniMax-M2.5"))
+    assert mm.qk_norm_across_heads
+    assert not load_model(model_source("Qwen/Qwen3-235B-A22B-FP8")).qk_norm_across_heads
+    hw = load_hardware("b200")
+    cal = load_calibration(hw, "vllm")
+    batch = Batch.decode(1, 8, 2048)
+    tp4 = step_time(Instance(mm, hw, "aggregated", 4, False), batch, cal)
+    tp1 = step_time(Instance(mm, hw, "aggregated", 1, False), batch, cal)
+    assert tp4.parts["qk_norm_allreduce"] > 0 and "/comm/" in tp4.provenance["qk_norm_allreduce"]
+    assert "qk_norm_allreduce" not in tp1.parts  # one rank holds every head
+    assert sum(tp4.parts.values()) == pytest.approx(tp4.total_ms)

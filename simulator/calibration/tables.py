@@ -162,6 +162,21 @@ class Unmeasured:
     why: str
     shape: tuple[str, ...] = ("hidden_size", "inter_size", "num_experts", "topk")
     """The columns that name a shape."""
+    within: Callable[[pd.DataFrame], Any] | None = None
+    """The stand-in rows the engine runs that kernel at (None: all of them)."""
+
+
+FI_ALLREDUCE_FUSION_MAX_MB = {2: 64, 4: 2, 8: 1}
+"""Largest all-reduce (MB, by TP size) vLLM hands to FlashInfer's fused all-reduce + RMSNorm
+(`PassConfig.fi_allreduce_fusion_max_size_mb`'s defaults; Hopper's, the smaller: Blackwell's
+TP4 limit is 32 MB). Larger ones take vLLM's own all-reduce."""
+
+
+def _fi_allreduce_sizes(t: pd.DataFrame) -> Any:
+    """Rows of an all-reduce table (message_size in bf16 elements) within FlashInfer's fusion
+    limit for their GPU count."""
+    limit = t.num_gpus.map(FI_ALLREDUCE_FUSION_MAX_MB).fillna(0) * 2 ** 20
+    return (t.message_size * 2 <= limit).to_numpy()
 
 
 UNMEASURED = (
@@ -185,6 +200,15 @@ UNMEASURED = (
                "harness timed the same FlashInfer kernel at gpt-oss's shape and TensorRT-LLM's "
                "its own MXFP4 x MXFP8 kernel: 155 / 148 us at 16 tokens on B200, where vLLM's "
                "BF16-activation rows take 204"),
+    Unmeasured("allreduce", "vllm", "allreduce_dtype", "bfloat16", "TRTLLM", ("trtllm",),
+               "vLLM fuses each TP all-reduce with the RMSNorm after it into FlashInfer's port "
+               "of TensorRT-LLM's all-reduce kernel (the fuse_allreduce_rms pass, on by default "
+               "at -O2 for TP > 1 on Hopper and Blackwell; InferenceX's gpt-oss B200 and "
+               "Kimi-K2.5 recipes set it too) for messages up to FI_ALLREDUCE_FUSION_MAX_MB, "
+               "but vLLM's collector timed only its own custom all-reduce. TensorRT-LLM's "
+               "collector timed that kernel: 5.0 / 7.2 us at 1K / 256K elements over TP4 on "
+               "B200, where vLLM's custom kernel takes 7.1 / 18.0",
+               shape=("num_gpus",), within=_fi_allreduce_sizes),
 )
 """Kernels an engine runs that its own tables lack (docs/cost-model.md)."""
 
@@ -437,7 +461,8 @@ class Calibration:
                 timed = t[list(m.shape)].merge(own, how="left", indicator=True)
                 return ((t[m.column] == m.value).to_numpy()
                         & t.kernel_source.astype(str).str.contains(m.kernel).to_numpy()
-                        & (timed["_merge"] == "left_only").to_numpy())
+                        & (timed["_merge"] == "left_only").to_numpy()
+                        & (True if m.within is None else m.within(t)))
 
             alt = self._stand_in(op, m.stand_ins, list(df), keep)
             if alt is not None:
@@ -1391,8 +1416,10 @@ class Calibration:
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             if "backend" in df.columns:  # vLLM's table has eager and CUDA-graph kernels
-                graph = df[df.backend.str.contains("graph")]
-                return (graph if len(graph) else df), 0
+                graph = df.backend.astype(str).str.contains("graph")
+                if STAND_IN in df:  # and FlashInfer's fused kernel, as TensorRT-LLM timed it
+                    graph |= df[STAND_IN].notna()
+                return (df[graph] if graph.any() else df), 0
             return df, 0
 
         grid = self._grid(("allreduce",), "allreduce", select, ["message_size", "num_gpus"],

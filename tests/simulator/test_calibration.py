@@ -426,3 +426,29 @@ def test_a_dtype_the_table_lacks_keeps_the_measured_kernels_efficiency():
     ratio = rf.moe(hw, *args, "fp4") / rf.moe(hw, *args, "fp8")
     assert float(fp4.ms[0] / fp8.ms[0]) == pytest.approx(float(ratio[0]), rel=1e-6)
     assert float(fp4.ms[0]) < 0.7 * float(fp8.ms[0])
+
+
+def test_vllm_tp_all_reduce_takes_flashinfer_s_fused_kernel_up_to_its_size_limit():
+    """vLLM fuses a TP all-reduce with its RMSNorm into FlashInfer's port of TensorRT-LLM's
+    kernel up to FI_ALLREDUCE_FUSION_MAX_MB: TensorRT-LLM's timing of that kernel joins vLLM's
+    own rows there, the faster counting; above the limit vLLM's own kernel prices it alone."""
+    from simulator.calibration.tables import FI_ALLREDUCE_FUSION_MAX_MB
+
+    def rows(engine: str) -> pd.Series:
+        t = pd.read_parquet(aic_system_dir("b200_sxm") / "comm" / engine
+                            / "custom_allreduce_perf.parquet")
+        if "backend" in t:
+            t = t[t.backend.str.contains("graph")]
+        return t[t.num_gpus == 4].set_index("message_size").latency
+
+    vllm, trtllm = rows("vllm/0.24.0"), rows("trtllm/1.3.0rc20")
+    cal = load_calibration(load_hardware("b200"), "vllm")
+    small, large = 2 ** 17, 2 ** 21  # elements; the TP4 limit is 2 MB of bf16, 2 ** 20
+    assert small * 2 <= FI_ALLREDUCE_FUSION_MAX_MB[4] * 2 ** 20 < large * 2
+    assert trtllm[small] < vllm[small] and trtllm[large] < vllm[large]
+    fused = cal.allreduce(small, 4, 900.0)
+    assert fused.ms[0] == pytest.approx(trtllm[small])
+    assert fused.table == "b200_sxm/comm/vllm/0.24.0 + b200_sxm/comm/trtllm/1.3.0rc20"
+    assert cal.allreduce(large, 4, 900.0).ms[0] == pytest.approx(vllm[large])
+    own = load_calibration(load_hardware("b200"), "trtllm").allreduce(small, 4, 900.0)
+    assert own.table == "b200_sxm/comm/trtllm/1.3.0rc20"  # TensorRT-LLM's rows stay its own

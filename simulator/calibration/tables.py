@@ -1422,11 +1422,12 @@ class Calibration:
                 return (df[graph] if graph.any() else df), 0
             return df, 0
 
+        # the collectors record message_size as an element count of bf16 (2 bytes each)
         grid = self._grid(("allreduce",), "allreduce", select, ["message_size", "num_gpus"],
-                          lambda r: rf.allreduce(r.message_size, r.num_gpus.to_numpy(),
+                          lambda r: rf.allreduce(2 * r.message_size, r.num_gpus.to_numpy(),
                                                  self.hardware.scaleup_gb_s))
-        b = np.maximum(np.atleast_1d(np.asarray(nbytes, dtype=float)), 1.0)
-        pts = np.stack([b, np.full_like(b, gpus)], axis=1)
+        b = np.maximum(np.atleast_1d(np.asarray(nbytes, dtype=float)), 2.0)
+        pts = np.stack([b / 2, np.full_like(b, gpus)], axis=1)
         return self._price(grid, pts, rf.allreduce(b, gpus, gb_s), 0.5)
 
 

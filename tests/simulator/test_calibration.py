@@ -446,9 +446,9 @@ def test_vllm_tp_all_reduce_takes_flashinfer_s_fused_kernel_up_to_its_size_limit
     small, large = 2 ** 17, 2 ** 21  # elements; the TP4 limit is 2 MB of bf16, 2 ** 20
     assert small * 2 <= FI_ALLREDUCE_FUSION_MAX_MB[4] * 2 ** 20 < large * 2
     assert trtllm[small] < vllm[small] and trtllm[large] < vllm[large]
-    fused = cal.allreduce(small, 4, 900.0)
+    fused = cal.allreduce(2 * small, 4, 900.0)  # bytes: the tables count bf16 elements
     assert fused.ms[0] == pytest.approx(trtllm[small])
     assert fused.table == "b200_sxm/comm/vllm/0.24.0 + b200_sxm/comm/trtllm/1.3.0rc20"
-    assert cal.allreduce(large, 4, 900.0).ms[0] == pytest.approx(vllm[large])
-    own = load_calibration(load_hardware("b200"), "trtllm").allreduce(small, 4, 900.0)
+    assert cal.allreduce(2 * large, 4, 900.0).ms[0] == pytest.approx(vllm[large])
+    own = load_calibration(load_hardware("b200"), "trtllm").allreduce(2 * small, 4, 900.0)
     assert own.table == "b200_sxm/comm/trtllm/1.3.0rc20"  # TensorRT-LLM's rows stay its own

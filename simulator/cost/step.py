@@ -35,17 +35,24 @@ class SharedStream:
     """Tokens per rank in the step at most (None: any)."""
     decode_only: bool
     """Only in decode-only steps (the engine switches streams only inside CUDA graphs)."""
+    deepep: bool
+    """Also where DP ranks exchange tokens over DeepEP (under the dispatch and combine)."""
+    deepep_eplb: bool
+    """There too with redundant experts (EPLB)."""
     source: str
 
 
 SHARED_EXPERT_STREAMS = {
-    "vllm": SharedStream(256, False, "vLLM: VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, "
-                         "default 256 (fused_moe/runner/shared_experts.py); off with EPLB "
-                         "over DeepEP"),
-    "sglang": SharedStream(1024, False, "SGLang: DUAL_STREAM_TOKEN_THRESHOLD 1024 "
-                           "(models/deepseek_v2.py, DeepseekV2MoE.forward); off with DeepEP"),
-    "trtllm": SharedStream(None, True, "TensorRT-LLM: maybe_execute_in_parallel, multi-stream "
-                           "only under CUDA graphs (_torch/modules/multi_stream_utils.py)"),
+    "vllm": SharedStream(256, False, True, False,
+                         "vLLM: VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, default 256 "
+                         "(fused_moe/runner/shared_experts.py); with DeepEP inside its "
+                         "dispatch/combine, not with EPLB there"),
+    "sglang": SharedStream(1024, False, False, False,
+                           "SGLang: DUAL_STREAM_TOKEN_THRESHOLD 1024 (models/deepseek_v2.py, "
+                           "DeepseekV2MoE.forward), not with DeepEP"),
+    "trtllm": SharedStream(None, True, True, True,
+                           "TensorRT-LLM: maybe_execute_in_parallel, multi-stream only under "
+                           "CUDA graphs (_torch/modules/multi_stream_utils.py)"),
 }
 """Engines that overlap shared and routed experts, and when (read in each engine's source)."""
 
@@ -56,8 +63,8 @@ def shared_stream(inst: Instance, engine: str, tokens: float, decode_only: bool)
     rule = SHARED_EXPERT_STREAMS.get(engine)
     if rule is None or inst.hardware.name == "cpu" or not inst.model.n_shared_experts:
         return False
-    deepep = inst.dp > 1 and inst.all2all.startswith("deepep")
-    if deepep and (engine == "sglang" or (engine == "vllm" and inst.redundant_experts)):
+    if inst.dp > 1 and inst.all2all.startswith("deepep") and not (
+            rule.deepep and (rule.deepep_eplb or not inst.redundant_experts)):
         return False
     return (rule.max_tokens is None or tokens <= rule.max_tokens) and (
         decode_only or not rule.decode_only)

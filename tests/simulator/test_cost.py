@@ -235,3 +235,16 @@ def test_minimax_query_key_norm_all_reduces_its_variances_across_tp_ranks():
     assert tp4.parts["qk_norm_allreduce"] > 0 and "/comm/" in tp4.provenance["qk_norm_allreduce"]
     assert "qk_norm_allreduce" not in tp1.parts  # one rank holds every head
     assert sum(tp4.parts.values()) == pytest.approx(tp4.total_ms)
+
+
+@pytest.mark.parametrize(("engine", "redundant", "beside"), [
+    ("vllm", 0, True), ("vllm", 32, False), ("sglang", 0, False), ("trtllm", 32, True)])
+def test_shared_experts_beside_a_deepep_exchange_follow_each_engine(engine, redundant, beside):
+    from simulator.cost.step import shared_stream
+    inst = Instance(DSV3, H200, "decode", 8, True, redundant_experts=redundant,
+                    all2all="deepep_low_latency")
+    assert shared_stream(inst, engine, 64, True) is beside
+    # an all-gather exchange keeps every engine's rule
+    gathered = Instance(DSV3, H200, "decode", 8, True, redundant_experts=redundant,
+                        all2all="allgather_reducescatter")
+    assert shared_stream(gathered, engine, 64, True)

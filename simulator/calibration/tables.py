@@ -166,6 +166,10 @@ class Unmeasured:
     """The stand-in rows the engine runs that kernel at (None: all of them)."""
 
 
+ALLREDUCE_ELEMENT_BYTES = DTYPE_BYTES["bf16"]
+"""Bytes of one element of the all-reduce tables' `message_size`: the collectors record an
+element count of bf16 ("element count, not bytes"), not bytes."""
+
 FI_ALLREDUCE_FUSION_MAX_MB = {2: 64, 4: 2, 8: 1}
 """Largest all-reduce (MB, by TP size) vLLM hands to FlashInfer's fused all-reduce + RMSNorm
 (`PassConfig.fi_allreduce_fusion_max_size_mb`'s defaults; Hopper's, the smaller: Blackwell's
@@ -176,7 +180,7 @@ def _fi_allreduce_sizes(t: pd.DataFrame) -> Any:
     """Rows of an all-reduce table (message_size in bf16 elements) within FlashInfer's fusion
     limit for their GPU count."""
     limit = t.num_gpus.map(FI_ALLREDUCE_FUSION_MAX_MB).fillna(0) * 2 ** 20
-    return (t.message_size * 2 <= limit).to_numpy()
+    return (t.message_size * ALLREDUCE_ELEMENT_BYTES <= limit).to_numpy()
 
 
 UNMEASURED = (
@@ -1422,12 +1426,12 @@ class Calibration:
                 return (df[graph] if graph.any() else df), 0
             return df, 0
 
-        # the collectors record message_size as an element count of bf16 (2 bytes each)
+        size = ALLREDUCE_ELEMENT_BYTES  # the tables count elements, `nbytes` is bytes
         grid = self._grid(("allreduce",), "allreduce", select, ["message_size", "num_gpus"],
-                          lambda r: rf.allreduce(2 * r.message_size, r.num_gpus.to_numpy(),
+                          lambda r: rf.allreduce(size * r.message_size, r.num_gpus.to_numpy(),
                                                  self.hardware.scaleup_gb_s))
-        b = np.maximum(np.atleast_1d(np.asarray(nbytes, dtype=float)), 2.0)
-        pts = np.stack([b / 2, np.full_like(b, gpus)], axis=1)
+        b = np.maximum(np.atleast_1d(np.asarray(nbytes, dtype=float)), size)
+        pts = np.stack([b / size, np.full_like(b, gpus)], axis=1)
         return self._price(grid, pts, rf.allreduce(b, gpus, gb_s), 0.5)
 
 

@@ -32,8 +32,9 @@ def mtp_rows() -> pd.DataFrame:
     return rows[keep]
 
 
-def score(acceptance: float) -> dict[str, float]:
-    """TPOT errors of every MTP row with `acceptance` per draft token."""
+def score(candidate: tuple[float, pd.DataFrame]) -> dict[str, float]:
+    """TPOT errors of the MTP `rows` with `acceptance` per draft token."""
+    acceptance, rows = candidate
     v.MTP_ACCEPTANCE = acceptance  # this process only
     start = time.monotonic()
 
@@ -42,7 +43,7 @@ def score(acceptance: float) -> dict[str, float]:
             print(f"  acceptance {acceptance}: {done}/{total} rows "
                   f"({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
 
-    df = v.validate(mtp_rows(), progress=progress, workers=1)
+    df = v.validate(rows, progress=progress, workers=1)
     df = df[df.covered]
     err = df.pred_tpot_ms / df.tpot_ms - 1
     fit = df.id.map(in_fit_half).astype(bool)
@@ -64,10 +65,11 @@ def main() -> None:
     bad = [a for a in grid if not 0 < a <= 1]
     if bad:
         parser.error(f"--acceptance {bad[0]}: each candidate must be in (0, 1]")
-    print(f"{len(mtp_rows())} MTP rows; {len(grid)} candidates on {args.workers} processes "
+    rows = mtp_rows()  # read once; each candidate's process gets the same rows
+    print(f"{len(rows)} MTP rows; {len(grid)} candidates on {args.workers} processes "
           "(about 4 min each)", file=sys.stderr, flush=True)
     with ProcessPoolExecutor(min(args.workers, len(grid))) as pool:
-        results = list(pool.map(score, grid))
+        results = list(pool.map(score, [(a, rows) for a in grid]))
     for r in results:
         print(f"acceptance {r['acceptance']:.3f}: {r['rows']:.0f} rows, TPOT MAPE "
               f"{100 * r['mape']:.1f} %; fitting half median {100 * r['fit_median']:+.1f} %, "

@@ -2,9 +2,10 @@
 
 On the measured rows of the fitting half at concurrency <= 8, in three passes: the per-step
 overhead is the cost model's default plus the median of (measured - simulated) TPOT over all
-rows; the API overhead is the median of (measured - simulated) TTFT over aggregated rows with that
-step overhead; the P/D handoff is the same median over P/D rows once both are in. All are floored
-at 0. Writes
+rows; the API overhead is the median line (Theil-Sen: the median of the pairwise slopes, then the
+median intercept) of (measured - simulated) TTFT against the mean prompt length over aggregated
+rows with that step overhead: a fixed part and a part per 1,000 prompt tokens; the P/D handoff
+is the median of that residual over P/D rows once all are in. All are floored at 0. Writes
 simulator/calibration/data/serving_overhead.json (temp file, then rename).
 
     .venv/bin/python benchmarks/fit_serving_overhead.py [--workers 2]
@@ -18,10 +19,12 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from datetime import date
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,7 +32,7 @@ import pandas as pd
 from simulator.calibration.serving import FIT_MAX_CONCURRENCY, ServingOverhead, in_fit_half
 from simulator.cost.step import STEP_OVERHEAD_MS
 from simulator.specs.errors import SpecError
-from simulator.validate import case_from_row, load_rows, simulate_with
+from simulator.validate import case_from_row, client_lengths, load_rows, simulate_with
 
 OUT = Path(__file__).resolve().parents[1] / "simulator/calibration/data/serving_overhead.json"
 
@@ -45,8 +48,43 @@ def residual(args: tuple[pd.Series, ServingOverhead, str]) -> float:
     return float(row[f"silicon_{metric}_ms"]) - float(pred)
 
 
-def median_residuals(rows: pd.DataFrame, overheads: dict[str, ServingOverhead], metric: str,
-                     workers: int) -> dict[str, tuple[float, int]]:
+def prompt_ktokens(row: Mapping[str, Any]) -> float:
+    """The mean prompt of a row's replayed client, in thousands of tokens."""
+    lengths = client_lengths(int(row["isl"]))
+    return (lengths["low"] + lengths["high"]) / 2 / 1e3
+
+
+def median_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Theil-Sen: (intercept, slope) with the slope the median of the slopes between every two
+    points of different x, the intercept the median of y - slope * x; slope 0 when all x are
+    equal. Robust to the rows a stray measurement puts far off the line."""
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    apart = dx != 0
+    slope = float(np.median((y[j] - y[i])[apart] / dx[apart])) if apart.any() else 0.0
+    return float(np.median(y - slope * x)), slope
+
+
+def api_lines(rows: pd.DataFrame, overheads: dict[str, ServingOverhead],
+              workers: int) -> dict[str, tuple[float, float, int]]:
+    """Per engine: the API overhead's (fixed ms, ms per 1,000 prompt tokens, rows), each
+    floored at 0 (with the slope floored, the fixed part is the median at that slope)."""
+    res = _residuals(rows, overheads, "ttft", workers)
+    x = rows.apply(prompt_ktokens, axis=1).to_numpy(dtype=float)
+    out = {}
+    for engine in sorted(rows.backend.unique()):
+        ok = (rows.backend == engine).to_numpy() & ~np.isnan(res)
+        if not ok.any():
+            continue
+        _, slope = median_line(x[ok], res[ok])
+        slope = max(slope, 0.0)
+        fixed = max(float(np.median(res[ok] - slope * x[ok])), 0.0)
+        out[engine] = (fixed, slope, int(ok.sum()))
+    return out
+
+
+def _residuals(rows: pd.DataFrame, overheads: dict[str, ServingOverhead], metric: str,
+               workers: int) -> np.ndarray:
     items = [(row, overheads.get(row.backend, ServingOverhead()), metric)
              for _, row in rows.iterrows()]
     start, res_list = time.monotonic(), []
@@ -56,7 +94,12 @@ def median_residuals(rows: pd.DataFrame, overheads: dict[str, ServingOverhead], 
             if i % 50 == 0 or i == len(items):  # progress, also when stderr is not a terminal
                 print(f"  {metric}: {i}/{len(items)} rows ({time.monotonic() - start:.0f} s)",
                       file=sys.stderr, flush=True)
-    res = np.array(res_list)
+    return np.array(res_list)
+
+
+def median_residuals(rows: pd.DataFrame, overheads: dict[str, ServingOverhead], metric: str,
+                     workers: int) -> dict[str, tuple[float, int]]:
+    res = _residuals(rows, overheads, metric, workers)
     out = {}
     for engine in sorted(rows.backend.unique()):
         r = res[(rows.backend == engine).to_numpy() & ~np.isnan(res)]
@@ -75,19 +118,22 @@ def main() -> None:
     tpot = median_residuals(rows, {}, "tpot", args.workers)
     step = {e: max(0.0, STEP_OVERHEAD_MS["gpu"] + v) for e, (v, _) in tpot.items()}
     base = {e: ServingOverhead(step_overhead_ms=v) for e, v in step.items()}
-    agg = median_residuals(rows[rows["mode"] == "agg"], base, "ttft", args.workers)
-    api = {e: ServingOverhead(api_overhead_ms=agg.get(e, (0.0, 0))[0],
+    agg = api_lines(rows[rows["mode"] == "agg"], base, args.workers)
+    api = {e: ServingOverhead(api_overhead_ms=agg.get(e, (0.0, 0.0, 0))[0],
+                              api_per_ktoken_ms=agg.get(e, (0.0, 0.0, 0))[1],
                               step_overhead_ms=step.get(e)) for e in set(step) | set(agg)}
     pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers)
     engines = {}
     for e in sorted(set(agg) | set(pd_) | set(step)):
         engines[e] = {"step_overhead_ms": round(step.get(e, STEP_OVERHEAD_MS["gpu"]), 2),
-                      "api_overhead_ms": round(agg.get(e, (0.0, 0))[0], 1),
+                      "api_overhead_ms": round(agg.get(e, (0.0, 0.0, 0))[0], 1),
+                      "api_per_ktoken_ms": round(agg.get(e, (0.0, 0.0, 0))[1], 2),
                       "handoff_ms": round(pd_.get(e, (0.0, 0))[0], 1),
-                      "rows": {"tpot": tpot.get(e, (0, 0))[1], "agg": agg.get(e, (0, 0))[1],
+                      "rows": {"tpot": tpot.get(e, (0, 0))[1], "agg": agg.get(e, (0, 0, 0))[2],
                                "disagg": pd_.get(e, (0, 0))[1]}}
     doc = {"fitted": str(date.today()), "aiconfigurator_core": version("aiconfigurator-core"),
-           "rule": f"median TTFT residual, fitting half, concurrency <= {FIT_MAX_CONCURRENCY}",
+           "rule": f"median TTFT residual (API: Theil-Sen line in prompt length), fitting "
+                   f"half, concurrency <= {FIT_MAX_CONCURRENCY}",
            "command": "benchmarks/fit_serving_overhead.py", "engines": engines}
     fd, tmp = tempfile.mkstemp(dir=OUT.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

@@ -1,12 +1,13 @@
 """Fixed latencies of the serving stack around the engine, fitted on measured deployments.
 
-A measured TTFT holds more than engine steps: the API server (HTTP, tokenization, routing) and, for
-P/D, the handoff between prefill and decode (proxy hop, transfer setup, the decode side picking the
-request up). Each engine step also carries a fixed cost that the kernel tables do not (scheduling
-and launches the GPU does not hide). `benchmarks/fit_serving_overhead.py` fits one value of each
-per engine on the low-concurrency rows of a fixed half of aiconfigurator-core's silicon sample
-(where queueing is negligible), and writes `data/serving_overhead.json`; `rackplan validate`
-reports its error on the rows that were not fitted as well.
+A measured TTFT holds more than engine steps: the API server (HTTP, tokenization, routing: a fixed
+part and a part per prompt token) and, for P/D, the handoff between prefill and decode (proxy hop,
+transfer setup, the decode side picking the request up). Each engine step also carries a fixed cost
+that the kernel tables do not (scheduling and launches the GPU does not hide).
+`benchmarks/fit_serving_overhead.py` fits them per engine on the low-concurrency rows of a fixed
+half of aiconfigurator-core's silicon sample (where queueing is negligible), and writes
+`data/serving_overhead.json`; `rackplan validate` reports its error on the rows that were not
+fitted as well.
 
 The same latencies measured on one's own engine live beside one's own kernel tables: a
 `rackplan calibrate` folder may hold `serving_overhead.json` (per hardware and engine, fitted by
@@ -39,6 +40,9 @@ class ServingOverhead:
 
     api_overhead_ms: float = 0.0
     """Arrival to scheduler."""
+    api_per_ktoken_ms: float = 0.0
+    """Arrival to scheduler, for every 1,000 prompt tokens on top of `api_overhead_ms`: the
+    serving stack's time that grows with the prompt outside the engine's GPU work."""
     step_overhead_ms: float | None = None
     """Per engine step; None: the cost model's default."""
     handoff_ms: float = 0.0
@@ -48,6 +52,10 @@ class ServingOverhead:
     api_serial_ms: float = 0.0
     """The part of the API overhead the instance's API server spends on each request one at a
     time (measured on one's own engine; 0: a pure delay)."""
+
+    def api_ms(self, prompt_tokens: float) -> float:
+        """Arrival to scheduler for a prompt of `prompt_tokens` tokens."""
+        return self.api_overhead_ms + self.api_per_ktoken_ms * prompt_tokens / 1e3
 
 
 def in_fit_half(row_id: str) -> bool:
@@ -70,6 +78,7 @@ def serving_overhead(engine: str, disaggregated: bool) -> ServingOverhead:
     step = fitted.get("step_overhead_ms")
     return ServingOverhead(
         api_overhead_ms=float(fitted.get("api_overhead_ms", 0.0)),
+        api_per_ktoken_ms=float(fitted.get("api_per_ktoken_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)
 
@@ -80,7 +89,7 @@ kernel tables (benchmarks/closed_loop.py fits and writes them). While that folde
 calibration they are preferred to the shipped fit for the hardware and engine they name."""
 USER_FORMAT = 1
 FIELDS = ("api_overhead_ms", "step_overhead_ms", "handoff_ms", "step_overhead_per_seq_ms",
-          "api_serial_ms")
+          "api_serial_ms", "api_per_ktoken_ms")
 DISAGGREGATED = "disaggregated"
 """The key of an engine entry's sub-entry measured on a P/D deployment: its latencies are
 preferred for P/D plans (on a small host the decode engine's API server may share its core, so
@@ -116,7 +125,9 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
                           fallback: ServingOverhead | None = None) -> ServingOverhead | None:
     """The latencies measured for `hardware` and `engine` in a calibration folder, or None when
     its serving_overhead.json has no entry for them. A latency the entry leaves out comes from
-    `fallback` (the shipped fit); only P/D pays the handoff."""
+    `fallback` (the shipped fit); only P/D pays the handoff. A measured API overhead without
+    its own time per prompt token holds that time at the prompt length it was measured at, so
+    it comes without the fallback's."""
     entry = _user_entry(folder, hardware, engine)
     if entry is None:
         return None
@@ -126,9 +137,13 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
     if isinstance(pd, dict):
         got.update({k: pd[k] for k in FIELDS if pd.get(k) is not None})
     step = got["step_overhead_ms"]
+    per_ktoken = got["api_per_ktoken_ms"]
+    if per_ktoken is None:
+        per_ktoken = base.api_per_ktoken_ms if got["api_overhead_ms"] is None else 0.0
     return ServingOverhead(
         api_overhead_ms=base.api_overhead_ms if got["api_overhead_ms"] is None
         else float(got["api_overhead_ms"]),
+        api_per_ktoken_ms=float(per_ktoken),
         step_overhead_ms=base.step_overhead_ms if step is None else float(step),
         handoff_ms=0.0 if not disaggregated else (
             base.handoff_ms if got["handoff_ms"] is None else float(got["handoff_ms"])),

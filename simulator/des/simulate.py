@@ -66,6 +66,9 @@ class SimOptions:
     """Significant bits kept of each per-rank batch figure when memoizing step prices."""
     api_overhead_ms: float = 0.0
     """Time from a request's arrival to the engine's scheduler (HTTP, tokenization, routing)."""
+    api_per_ktoken_ms: float = 0.0
+    """Time from arrival to the scheduler for every 1,000 tokens of the request's prompt, on
+    top of `api_overhead_ms` (a pure delay)."""
     api_serial_ms: float = 0.0
     """The part of `api_overhead_ms` that the instance's API server spends on each request one
     at a time (requests arriving together wait for each other there); 0: all of it is a pure
@@ -97,6 +100,7 @@ class SimOptions:
     def serving(cls, overhead: ServingOverhead) -> SimOptions:
         """Options that apply a serving stack's fixed latencies."""
         return cls(api_overhead_ms=overhead.api_overhead_ms,
+                   api_per_ktoken_ms=overhead.api_per_ktoken_ms,
                    api_serial_ms=overhead.api_serial_ms,
                    step_overhead_ms=overhead.step_overhead_ms,
                    step_overhead_per_seq_ms=overhead.step_overhead_per_seq_ms,
@@ -365,8 +369,10 @@ class _Run:
 
     def submit(self, rid: int) -> None:
         """A request arrived; it reaches the scheduler after the API overhead (its pure delay
-        here, its serial part at the instance's API server once routed)."""
-        delay = max(self.opts.api_overhead_ms - self.opts.api_serial_ms, 0.0) / 1e3
+        here, with the part per prompt token, its serial part at the instance's API server once
+        routed)."""
+        delay = (max(self.opts.api_overhead_ms - self.opts.api_serial_ms, 0.0)
+                 + self.opts.api_per_ktoken_ms * float(self.table.input_len[rid]) / 1e3) / 1e3
         if delay > 0:
             self.env.timeout(delay).callbacks.append(lambda _: self._route(rid))
         else:

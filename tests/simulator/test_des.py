@@ -113,6 +113,12 @@ def test_lone_request_ttft_is_prefill_step_plus_kv_transfer_plus_first_decode_st
     slow = simulate(pd(), closed(1, 1, inp, 10), expert_counts=UNIFORM,
                     options=SimOptions(api_overhead_ms=30.0, handoff_ms=120.0))
     assert slow.ttft_s[0] == pytest.approx(expected + 0.150, rel=1e-9)
+    # and the API server's time per prompt token grows with the prompt: 2,048 tokens at 4 ms
+    # per 1,000 tokens
+    longer = simulate(pd(), closed(1, 1, inp, 10), expert_counts=UNIFORM,
+                      options=SimOptions(api_overhead_ms=30.0, api_per_ktoken_ms=4.0,
+                                         handoff_ms=120.0))
+    assert longer.ttft_s[0] == pytest.approx(expected + 0.150 + 0.008192, rel=1e-9)
 
 
 def _lockstep_ttft(tmp_path: Path, lengths: list[int]) -> np.ndarray:

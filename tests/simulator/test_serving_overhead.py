@@ -67,6 +67,21 @@ def test_an_update_keeps_other_entries_and_none_removes_a_latency(folder):
     assert not list(folder.glob(".*.tmp"))
 
 
+def test_a_measured_api_overhead_comes_without_the_shipped_time_per_prompt_token(folder):
+    """An API overhead measured on one's own engine holds its prompt's share already; a folder
+    that measured none keeps the shipped fit's fixed part and its part per prompt token."""
+    shipped = ServingOverhead(api_overhead_ms=50.0, api_per_ktoken_ms=10.0)
+    own = user_serving_overhead(folder, "cpu", "vllm", False, fallback=shipped)
+    assert own is not None and (own.api_overhead_ms, own.api_per_ktoken_ms) == (20.0, 0.0)
+    assert own.api_ms(2000) == 20.0
+    write_user_serving_overhead(folder, "h200", "vllm", {"step_overhead_ms": 2.0}, ABOUT)
+    step_only = user_serving_overhead(folder, "h200", "vllm", False, fallback=shipped)
+    assert step_only is not None and step_only.api_ms(2000) == 70.0
+    write_user_serving_overhead(folder, "cpu", "vllm", {"api_per_ktoken_ms": 3.0}, ABOUT)
+    both = user_serving_overhead(folder, "cpu", "vllm", False, fallback=shipped)
+    assert both is not None and both.api_ms(2000) == 26.0
+
+
 def test_bad_latency_name_bad_folder_and_bad_file_are_one_sentence(folder, tmp_path):
     with pytest.raises(SpecError, match="unknown serving latency 'queue_ms'"):
         write_user_serving_overhead(folder, "cpu", "vllm", {"queue_ms": 1.0}, ABOUT)

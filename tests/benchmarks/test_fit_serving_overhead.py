@@ -1,0 +1,40 @@
+"""benchmarks/fit_serving_overhead.py: the API overhead's line in the prompt length."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "fit_serving_overhead.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("fit_serving_overhead", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fit_serving_overhead"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fit = _load()
+
+
+def test_the_median_line_ignores_a_stray_measurement():
+    x = np.array([0.9, 0.9, 0.9, 7.4, 7.4, 7.4, 7.4])
+    y = 20.0 + 10.0 * x
+    y[3] = 5000.0  # one run that stalled
+    fixed, slope = fit.median_line(x, y)
+    assert slope == pytest.approx(10.0) and fixed == pytest.approx(20.0)
+
+
+def test_one_prompt_length_gives_a_flat_line():
+    fixed, slope = fit.median_line(np.full(5, 0.9), np.array([1.0, 2.0, 3.0, 4.0, 50.0]))
+    assert (fixed, slope) == (3.0, 0.0)
+
+
+def test_a_row_replays_its_client_s_mean_prompt():
+    assert fit.prompt_ktokens({"isl": 8192}) == pytest.approx((6553 + 8192) / 2 / 1e3)

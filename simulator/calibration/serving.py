@@ -48,7 +48,7 @@ class ServingOverhead:
     handoff_ms: float = 0.0
     """P/D handoff besides the KV bytes."""
     step_overhead_per_seq_ms: float = 0.0
-    """Per engine step and request its busiest rank runs."""
+    """Per engine step and request its busiest rank runs (measured on one's own engine)."""
     api_serial_ms: float = 0.0
     """The part of the API overhead the instance's API server spends on each request one at a
     time (measured on one's own engine; 0: a pure delay)."""
@@ -80,7 +80,6 @@ def serving_overhead(engine: str, disaggregated: bool) -> ServingOverhead:
         api_overhead_ms=float(fitted.get("api_overhead_ms", 0.0)),
         api_per_ktoken_ms=float(fitted.get("api_per_ktoken_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
-        step_overhead_per_seq_ms=float(fitted.get("step_overhead_per_seq_ms", 0.0)),
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)
 
 
@@ -128,8 +127,7 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
     its serving_overhead.json has no entry for them. A latency the entry leaves out comes from
     `fallback` (the shipped fit); only P/D pays the handoff. A measured API overhead without
     its own time per prompt token holds that time at the prompt length it was measured at, so
-    it comes without the fallback's; a measured step overhead without its own cost per request
-    likewise."""
+    it comes without the fallback's."""
     entry = _user_entry(folder, hardware, engine)
     if entry is None:
         return None
@@ -142,9 +140,6 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
     per_ktoken = got["api_per_ktoken_ms"]
     if per_ktoken is None:
         per_ktoken = base.api_per_ktoken_ms if got["api_overhead_ms"] is None else 0.0
-    per_seq = got["step_overhead_per_seq_ms"]
-    if per_seq is None:
-        per_seq = base.step_overhead_per_seq_ms if step is None else 0.0
     return ServingOverhead(
         api_overhead_ms=base.api_overhead_ms if got["api_overhead_ms"] is None
         else float(got["api_overhead_ms"]),
@@ -152,7 +147,7 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
         step_overhead_ms=base.step_overhead_ms if step is None else float(step),
         handoff_ms=0.0 if not disaggregated else (
             base.handoff_ms if got["handoff_ms"] is None else float(got["handoff_ms"])),
-        step_overhead_per_seq_ms=float(per_seq),
+        step_overhead_per_seq_ms=float(got["step_overhead_per_seq_ms"] or 0.0),
         api_serial_ms=float(got["api_serial_ms"] or 0.0))
 
 

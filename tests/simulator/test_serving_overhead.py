@@ -82,16 +82,6 @@ def test_a_measured_api_overhead_comes_without_the_shipped_time_per_prompt_token
     assert both is not None and both.api_ms(2000) == 26.0
 
 
-def test_a_measured_step_overhead_comes_without_the_shipped_cost_per_request(folder):
-    shipped = ServingOverhead(step_overhead_ms=1.0, step_overhead_per_seq_ms=0.04)
-    own = user_serving_overhead(folder, "cpu", "vllm", False, fallback=shipped)
-    assert own is not None and (own.step_overhead_ms, own.step_overhead_per_seq_ms) == (1.5, 0.0)
-    write_user_serving_overhead(folder, "h200", "vllm", {"api_overhead_ms": 5.0}, ABOUT)
-    api_only = user_serving_overhead(folder, "h200", "vllm", False, fallback=shipped)
-    assert api_only is not None
-    assert (api_only.step_overhead_ms, api_only.step_overhead_per_seq_ms) == (1.0, 0.04)
-
-
 def test_bad_latency_name_bad_folder_and_bad_file_are_one_sentence(folder, tmp_path):
     with pytest.raises(SpecError, match="unknown serving latency 'queue_ms'"):
         write_user_serving_overhead(folder, "cpu", "vllm", {"queue_ms": 1.0}, ABOUT)

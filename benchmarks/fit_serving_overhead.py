@@ -4,7 +4,9 @@ On the measured rows of the fitting half at concurrency <= 8, in three passes: t
 overhead is the cost model's default plus the median of (measured - simulated) TPOT over all
 rows; the API overhead is the median line (Theil-Sen: the median of the pairwise slopes, then the
 median intercept) of (measured - simulated) TTFT against the mean prompt length over aggregated
-rows with that step overhead: a fixed part and a part per 1,000 prompt tokens; the P/D handoff
+rows with that step overhead: a fixed part and a part per 1,000 prompt tokens (the engine's), the
+fixed part also per hardware preset where the engine has at least MIN_HARDWARE_ROWS rows on
+that system (the median residual there at the engine's slope); the P/D handoff
 is the median of that residual over P/D rows once all are in. All are floored at 0. Writes
 simulator/calibration/data/serving_overhead.json (temp file, then rename).
 
@@ -21,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from datetime import date
 from importlib.metadata import version
 from pathlib import Path
@@ -29,10 +32,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.calibration.serving import FIT_MAX_CONCURRENCY, ServingOverhead, in_fit_half
+from simulator.calibration.serving import (
+    FIT_MAX_CONCURRENCY,
+    HARDWARE_KEY,
+    ServingOverhead,
+    in_fit_half,
+)
 from simulator.cost.step import STEP_OVERHEAD_MS
 from simulator.specs.errors import SpecError
-from simulator.validate import case_from_row, client_lengths, load_rows, simulate_with
+from simulator.validate import SYSTEMS, case_from_row, client_lengths, load_rows, simulate_with
 
 OUT = Path(__file__).resolve().parents[1] / "simulator/calibration/data/serving_overhead.json"
 
@@ -65,12 +73,19 @@ def median_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(np.median(y - slope * x)), slope
 
 
-def api_lines(rows: pd.DataFrame, overheads: dict[str, ServingOverhead],
-              workers: int) -> dict[str, tuple[float, float, int]]:
-    """Per engine: the API overhead's (fixed ms, ms per 1,000 prompt tokens, rows), each
-    floored at 0 (with the slope floored, the fixed part is the median at that slope)."""
+MIN_HARDWARE_ROWS = 10
+"""An engine's fixed API overhead is fitted on one system's own rows where it has at least this
+many; the others take the engine's."""
+
+
+def api_lines(rows: pd.DataFrame, overheads: Overheads,
+              workers: int) -> dict[str, tuple[float, float, int, dict[str, tuple[float, int]]]]:
+    """Per engine: the API overhead's (fixed ms, ms per 1,000 prompt tokens, rows, and per
+    hardware preset with enough rows its own fixed ms and rows), each floored at 0 (with the
+    slope floored, a fixed part is the median residual at that slope)."""
     res = _residuals(rows, overheads, "ttft", workers)
     x = rows.apply(prompt_ktokens, axis=1).to_numpy(dtype=float)
+    preset = rows.system.map(SYSTEMS).to_numpy()
     out = {}
     for engine in sorted(rows.backend.unique()):
         ok = (rows.backend == engine).to_numpy() & ~np.isnan(res)
@@ -79,13 +94,23 @@ def api_lines(rows: pd.DataFrame, overheads: dict[str, ServingOverhead],
         _, slope = median_line(x[ok], res[ok])
         slope = max(slope, 0.0)
         fixed = max(float(np.median(res[ok] - slope * x[ok])), 0.0)
-        out[engine] = (fixed, slope, int(ok.sum()))
+        own = {}
+        for hw in sorted(set(preset[ok])):
+            on = ok & (preset == hw)
+            if on.sum() >= MIN_HARDWARE_ROWS:
+                own[hw] = (max(float(np.median(res[on] - slope * x[on])), 0.0), int(on.sum()))
+        out[engine] = (fixed, slope, int(ok.sum()), own)
     return out
 
 
-def _residuals(rows: pd.DataFrame, overheads: dict[str, ServingOverhead], metric: str,
+Overheads = dict[str | tuple[str, str], ServingOverhead]
+"""Per engine, or per (engine, hardware preset) where that has its own."""
+
+
+def _residuals(rows: pd.DataFrame, overheads: Overheads, metric: str,
                workers: int) -> np.ndarray:
-    items = [(row, overheads.get(row.backend, ServingOverhead()), metric)
+    items = [(row, overheads.get((row.backend, SYSTEMS.get(row.system, "")),
+                                 overheads.get(row.backend, ServingOverhead())), metric)
              for _, row in rows.iterrows()]
     start, res_list = time.monotonic(), []
     with ProcessPoolExecutor(workers) as pool:
@@ -97,7 +122,7 @@ def _residuals(rows: pd.DataFrame, overheads: dict[str, ServingOverhead], metric
     return np.array(res_list)
 
 
-def median_residuals(rows: pd.DataFrame, overheads: dict[str, ServingOverhead], metric: str,
+def median_residuals(rows: pd.DataFrame, overheads: Overheads, metric: str,
                      workers: int) -> dict[str, tuple[float, int]]:
     res = _residuals(rows, overheads, metric, workers)
     out = {}
@@ -117,19 +142,25 @@ def main() -> None:
     rows = rows[rows.id.map(in_fit_half) & (rows.concurrency <= FIT_MAX_CONCURRENCY)]
     tpot = median_residuals(rows, {}, "tpot", args.workers)
     step = {e: max(0.0, STEP_OVERHEAD_MS["gpu"] + v) for e, (v, _) in tpot.items()}
-    base = {e: ServingOverhead(step_overhead_ms=v) for e, v in step.items()}
+    base: Overheads = {e: ServingOverhead(step_overhead_ms=v) for e, v in step.items()}
     agg = api_lines(rows[rows["mode"] == "agg"], base, args.workers)
-    api = {e: ServingOverhead(api_overhead_ms=agg.get(e, (0.0, 0.0, 0))[0],
-                              api_per_ktoken_ms=agg.get(e, (0.0, 0.0, 0))[1],
-                              step_overhead_ms=step.get(e)) for e in set(step) | set(agg)}
+    api: Overheads = {}
+    for e in set(step) | set(agg):
+        fixed, slope, _, own = agg.get(e, (0.0, 0.0, 0, {}))
+        api[e] = ServingOverhead(api_overhead_ms=fixed, api_per_ktoken_ms=slope,
+                                 step_overhead_ms=step.get(e))
+        for hw, (hw_fixed, _) in own.items():
+            api[e, hw] = replace(api[e], api_overhead_ms=hw_fixed)
     pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers)
     engines = {}
     for e in sorted(set(agg) | set(pd_) | set(step)):
         engines[e] = {"step_overhead_ms": round(step.get(e, STEP_OVERHEAD_MS["gpu"]), 2),
-                      "api_overhead_ms": round(agg.get(e, (0.0, 0.0, 0))[0], 1),
-                      "api_per_ktoken_ms": round(agg.get(e, (0.0, 0.0, 0))[1], 2),
+                      "api_overhead_ms": round(agg.get(e, (0.0, 0.0, 0, {}))[0], 1),
+                      "api_per_ktoken_ms": round(agg.get(e, (0.0, 0.0, 0, {}))[1], 2),
+                      HARDWARE_KEY: {hw: {"api_overhead_ms": round(v, 1), "rows": n}
+                                     for hw, (v, n) in agg.get(e, (0, 0, 0, {}))[3].items()},
                       "handoff_ms": round(pd_.get(e, (0.0, 0))[0], 1),
-                      "rows": {"tpot": tpot.get(e, (0, 0))[1], "agg": agg.get(e, (0, 0, 0))[2],
+                      "rows": {"tpot": tpot.get(e, (0, 0))[1], "agg": agg.get(e, (0, 0, 0, {}))[2],
                                "disagg": pd_.get(e, (0, 0))[1]}}
     doc = {"fitted": str(date.today()), "aiconfigurator_core": version("aiconfigurator-core"),
            "rule": f"median TTFT residual (API: Theil-Sen line in prompt length), fitting "

@@ -44,16 +44,17 @@ def measured_overhead(deployment: Deployment) -> ServingOverhead | None:
     folder = user_calibration_dir()
     if folder is None:
         return None
-    return user_serving_overhead(folder, load_hardware(deployment.hardware).name,
-                                 deployment.engine, deployment.disaggregated,
-                                 serving_overhead(deployment.engine, deployment.disaggregated))
+    hardware = load_hardware(deployment.hardware).name
+    return user_serving_overhead(folder, hardware, deployment.engine, deployment.disaggregated,
+                                 serving_overhead(deployment.engine, deployment.disaggregated,
+                                                  hardware))
 
 
 def overhead_for(deployment: Deployment) -> ServingOverhead:
     """The serving-stack latencies `rackplan simulate` applies to this deployment: those
     measured in the active calibration folder, else the fit on published measurements."""
-    return measured_overhead(deployment) or serving_overhead(deployment.engine,
-                                                             deployment.disaggregated)
+    return measured_overhead(deployment) or serving_overhead(
+        deployment.engine, deployment.disaggregated, load_hardware(deployment.hardware).name)
 
 
 def sim_options(deployment: Deployment) -> SimOptions:

@@ -285,7 +285,7 @@ WAVES = 10
 def default_predictor(deployment: Deployment, workload: Workload) -> dict[str, Any]:
     """Simulate with the serving stack's fitted fixed latencies."""
     return simulate_with(deployment, workload, serving_overhead(
-        deployment.engine, deployment.disaggregated))
+        deployment.engine, deployment.disaggregated, deployment.hardware))
 
 
 def simulate_with(deployment: Deployment, workload: Workload,

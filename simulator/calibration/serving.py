@@ -63,6 +63,12 @@ def in_fit_half(row_id: str) -> bool:
     return zlib.crc32(row_id.encode()) % 2 == 0
 
 
+HARDWARE_KEY = "hardware"
+"""The key of an engine entry's fixed API overheads fitted per hardware preset: the same serving
+stack on different systems' hosts (CPUs, networks) spends different fixed times on a request;
+the part per prompt token is the engine's, fitted on all its rows."""
+
+
 @cache
 def _table() -> dict[str, Any]:
     path = resources.files("simulator.calibration").joinpath("data/serving_overhead.json")
@@ -72,12 +78,15 @@ def _table() -> dict[str, Any]:
     return data
 
 
-def serving_overhead(engine: str, disaggregated: bool) -> ServingOverhead:
-    """The fitted overhead of an engine (zeros where nothing was fitted)."""
+def serving_overhead(engine: str, disaggregated: bool,
+                     hardware: str | None = None) -> ServingOverhead:
+    """The fitted overhead of an engine (zeros where nothing was fitted); with the fixed API
+    overhead fitted on `hardware`'s own rows where there were enough (HARDWARE_KEY)."""
     fitted = _table().get("engines", {}).get(engine, {})
     step = fitted.get("step_overhead_ms")
+    on = fitted.get(HARDWARE_KEY, {}).get(hardware, {}) if hardware else {}
     return ServingOverhead(
-        api_overhead_ms=float(fitted.get("api_overhead_ms", 0.0)),
+        api_overhead_ms=float(on.get("api_overhead_ms", fitted.get("api_overhead_ms", 0.0))),
         api_per_ktoken_ms=float(fitted.get("api_per_ktoken_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)

@@ -205,3 +205,18 @@ def test_the_serial_part_is_fitted_where_requests_arrive_together():
     assert fit_api_serial(27.0, simulate, base) == pytest.approx(8.0, abs=1e-3)
     assert fit_api_serial(12.0, simulate, base) == 0.0  # a pure delay already over-predicts
     assert fit_api_serial(99.0, simulate, base) == 10.0  # all of it serial, and no more
+
+
+def test_the_fixed_api_overhead_fitted_on_a_system_s_own_rows_is_that_hardware_s(monkeypatch):
+    """Hosts differ between the measured systems: a hardware preset with its own fixed API
+    overhead gets it; the others, and the part per prompt token, stay the engine's."""
+    import simulator.calibration.serving as serving
+
+    table = {"engines": {"vllm": {"api_overhead_ms": 20.0, "api_per_ktoken_ms": 10.0,
+                                  "step_overhead_ms": 1.5, "handoff_ms": 90.0,
+                                  serving.HARDWARE_KEY: {"h200": {"api_overhead_ms": 35.0}}}}}
+    monkeypatch.setattr(serving, "_table", lambda: table)
+    h200 = serving_overhead("vllm", True, "h200")
+    assert (h200.api_overhead_ms, h200.api_per_ktoken_ms, h200.handoff_ms) == (35.0, 10.0, 90.0)
+    assert serving_overhead("vllm", False, "b200").api_overhead_ms == 20.0
+    assert serving_overhead("vllm", False).api_ms(1000) == 30.0

@@ -107,7 +107,7 @@ def test_the_active_calibration_folder_sets_what_simulate_applies(folder):
         h200 = load_deployment({**AGG, "model": "deepseek-v3", "hardware": "h200",
                                 "precision": {"weights": "fp8", "kv_cache": "fp8"},
                                 "aggregated": {"dep": 8}})
-        assert overhead_for(h200) == serving_overhead("vllm", False)  # measured on cpu only
+        assert overhead_for(h200) == serving_overhead("vllm", False, "h200")  # cpu only
 
 
 def test_simulate_and_step_take_the_measured_latencies(folder, tmp_path, capsys):

@@ -267,8 +267,8 @@ class _Disaggregated(_Model):
         gb_s = resolved.placement.transfer_gb_s(src, dst)
         precision = resolved.deployment.precision
         kv_bytes = resolved.model.kv_bytes(t.prompt, precision.kv_cache, precision.indexer_cache)
-        self.fixed_s = (screen.overhead.api_ms(t.prompt) + screen.overhead.handoff_ms) / 1e3 + (
-            kv_bytes / (gb_s * 1e9))
+        fixed_ms = screen.overhead.api_ms(self.uncached) + screen.overhead.handoff_ms
+        self.fixed_s = fixed_ms / 1e3 + kv_bytes / (gb_s * 1e9)
 
     def step_s(self, b: float) -> float:
         """Decode step seconds at b requests per rank (interpolated)."""
@@ -337,7 +337,7 @@ class _Aggregated(_Model):
             np.log([screen.step_ms(inst, resolved, 0, 0, p, self.cached, ranks) / 1e3
                     for p in np.exp(self.ps)]) for ranks in (1, inst.dp))
         self.base_s = inst.step_overhead_ms / 1e3
-        self.fixed_s = screen.overhead.api_ms(t.prompt) / 1e3
+        self.fixed_s = screen.overhead.api_ms(self.uncached) / 1e3
         self._states: dict[float, tuple[float, float, float]] = {}
 
     def decode_s(self, b: float) -> float:

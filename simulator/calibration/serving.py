@@ -41,8 +41,9 @@ class ServingOverhead:
     api_overhead_ms: float = 0.0
     """Arrival to scheduler."""
     api_per_ktoken_ms: float = 0.0
-    """Arrival to scheduler, for every 1,000 prompt tokens on top of `api_overhead_ms`: the
-    serving stack's time that grows with the prompt outside the engine's GPU work."""
+    """Arrival to scheduler, for every 1,000 prompt tokens the prefix cache does not hold, on
+    top of `api_overhead_ms`: the serving stack's time that grows with the prompt outside the
+    engine's GPU work (fitted on prompts with no cached tokens; not charged on cached ones)."""
     step_overhead_ms: float | None = None
     """Per engine step; None: the cost model's default."""
     handoff_ms: float = 0.0
@@ -53,9 +54,9 @@ class ServingOverhead:
     """The part of the API overhead the instance's API server spends on each request one at a
     time (measured on one's own engine; 0: a pure delay)."""
 
-    def api_ms(self, prompt_tokens: float) -> float:
-        """Arrival to scheduler for a prompt of `prompt_tokens` tokens."""
-        return self.api_overhead_ms + self.api_per_ktoken_ms * prompt_tokens / 1e3
+    def api_ms(self, computed_tokens: float) -> float:
+        """Arrival to scheduler for a prompt of which `computed_tokens` are not cached."""
+        return self.api_overhead_ms + self.api_per_ktoken_ms * computed_tokens / 1e3
 
 
 def in_fit_half(row_id: str) -> bool:

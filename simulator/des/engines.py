@@ -76,6 +76,9 @@ class Shared:
     schedule_ahead: bool = True
     """Work reaching a busy instance first runs in the step after the next
     (SimOptions.schedule_ahead)."""
+    api_per_ktoken_ms: float = 0.0
+    """Delay before a prompt's chunks queue, per 1,000 of its tokens not in the prefix cache
+    (SimOptions.api_per_ktoken_ms)."""
 
 
 class Engine:
@@ -395,13 +398,17 @@ class Engine:
             self.chunks.enqueue(rid, n - cached, cached, rank)
             self.poke()
 
-        if load <= 0:
+        # the serving stack's time per computed prompt token, spent before the chunks queue
+        ready = self.env.now + self.shared.api_per_ktoken_ms * (n - cached) / 1e6
+        if load > 0:
+            assert self.cache is not None
+            t.host_loaded[rid] = load
+            ready = max(ready, self.cache.load_done(rank, -(-load // t.block_tokens),
+                                                    self.env.now))
+        if ready <= self.env.now:
             self.when_planned(queue)
             return
-        assert self.cache is not None
-        t.host_loaded[rid] = load
-        done = self.cache.load_done(rank, -(-load // t.block_tokens), self.env.now)
-        self.env.timeout(done - self.env.now).callbacks.append(
+        self.env.timeout(ready - self.env.now).callbacks.append(
             lambda _: self.when_planned(queue))
 
     def _cache_prompt(self, rank: int, rid: int) -> None:

@@ -67,8 +67,8 @@ class SimOptions:
     api_overhead_ms: float = 0.0
     """Time from a request's arrival to the engine's scheduler (HTTP, tokenization, routing)."""
     api_per_ktoken_ms: float = 0.0
-    """Time from arrival to the scheduler for every 1,000 tokens of the request's prompt, on
-    top of `api_overhead_ms` (a pure delay)."""
+    """Time from arrival to the scheduler for every 1,000 tokens of the request's prompt that
+    the prefix cache does not hold, on top of `api_overhead_ms` (a pure delay)."""
     api_serial_ms: float = 0.0
     """The part of `api_overhead_ms` that the instance's API server spends on each request one
     at a time (requests arriving together wait for each other there); 0: all of it is a pure
@@ -173,7 +173,7 @@ class _Run:
                              {role: cost if cost is float else remembered(cost)
                               for role, cost in self.kv_costs.items()},
                              max(int(opts.dp_wait_every), 1), opts.macro_steps,
-                             opts.schedule_ahead)
+                             opts.schedule_ahead, opts.api_per_ktoken_ms)
         self._kv_bytes = remembered(lambda context: self.model.kv_bytes(
             context, p.kv_cache, p.indexer_cache))
         """KV bytes a request of a given context sends from prefill to decode."""
@@ -369,10 +369,9 @@ class _Run:
 
     def submit(self, rid: int) -> None:
         """A request arrived; it reaches the scheduler after the API overhead (its pure delay
-        here, with the part per prompt token, its serial part at the instance's API server once
-        routed)."""
-        delay = (max(self.opts.api_overhead_ms - self.opts.api_serial_ms, 0.0)
-                 + self.opts.api_per_ktoken_ms * float(self.table.input_len[rid]) / 1e3) / 1e3
+        here, its serial part at the instance's API server once routed, its part per prompt
+        token the prefix cache does not hold once the engine has looked it up)."""
+        delay = max(self.opts.api_overhead_ms - self.opts.api_serial_ms, 0.0) / 1e3
         if delay > 0:
             self.env.timeout(delay).callbacks.append(lambda _: self._route(rid))
         else:

@@ -121,6 +121,18 @@ def test_lone_request_ttft_is_prefill_step_plus_kv_transfer_plus_first_decode_st
     assert longer.ttft_s[0] == pytest.approx(expected + 0.150 + 0.008192, rel=1e-9)
 
 
+def test_the_time_per_prompt_token_is_paid_on_the_tokens_the_prefix_cache_does_not_hold():
+    inp, per_ktoken = 2048, 4.0
+    for hit in (0.0, 0.75):
+        plain, slow = (simulate(pd(), closed(1, 1, inp, 10, prefix_hit_rate=hit),
+                                expert_counts=UNIFORM,
+                                options=SimOptions(api_per_ktoken_ms=k))
+                       for k in (0.0, per_ktoken))
+        computed = inp - int(hit * inp)
+        assert slow.ttft_s[0] - plain.ttft_s[0] == pytest.approx(per_ktoken * computed / 1e6,
+                                                                 rel=1e-6)
+
+
 def _lockstep_ttft(tmp_path: Path, lengths: list[int]) -> np.ndarray:
     path = tmp_path / f"trace{len(lengths)}-{lengths[0]}.csv"
     rows = ["timestamp,input_length,output_length"] + [f"0,{n},1" for n in lengths]

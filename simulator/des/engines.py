@@ -77,7 +77,7 @@ class Shared:
     """Work reaching a busy instance first runs in the step after the next
     (SimOptions.schedule_ahead)."""
     api_per_ktoken_ms: float = 0.0
-    """Delay before a prompt's chunks queue, per 1,000 of its tokens not in the prefix cache
+    """Delay before the engine looks a prompt up, per 1,000 of its tokens not in the prefix cache
     (SimOptions.api_per_ktoken_ms)."""
 
 
@@ -373,6 +373,25 @@ class Engine:
                          for r in range(self.dp)], dtype=float)
 
     def _enqueue_prompt(self, rid: int, rank: int | None = None) -> None:
+        """Hand a request to the engine (`_lookup_prompt`) after the serving stack's time per
+        prompt token the prefix cache does not hold (SimOptions.api_per_ktoken_ms): an API
+        server stage before the engine looks the prompt up, its length from what the rank holds
+        on arrival."""
+        per_ktoken = self.shared.api_per_ktoken_ms
+        if per_ktoken <= 0:
+            self._lookup_prompt(rid, rank)
+            return
+        t = self.table
+        n, blocks = int(t.input_len[rid]), t.blocks[rid]
+        at = int(np.argmin(self.chunks.outstanding + self._loading)) if rank is None else rank
+        if blocks is not None and self.cache is not None:
+            held = cached_tokens(self.cache.peek(at, blocks), n, t.block_tokens)
+        else:
+            held = min(int(self.shared.prefix_hit_rate * n), n - 1)
+        self.env.timeout(per_ktoken * (n - held) / 1e6).callbacks.append(
+            lambda _: self._lookup_prompt(rid, rank))
+
+    def _lookup_prompt(self, rid: int, rank: int | None = None) -> None:
         """Queue a request's uncached prompt tokens for chunked prefill, on `rank` (default: the
         rank with the least prompt work); blocks held only in the host tier are loaded first."""
         t = self.table
@@ -398,17 +417,13 @@ class Engine:
             self.chunks.enqueue(rid, n - cached, cached, rank)
             self.poke()
 
-        # the serving stack's time per computed prompt token, spent before the chunks queue
-        ready = self.env.now + self.shared.api_per_ktoken_ms * (n - cached) / 1e6
-        if load > 0:
-            assert self.cache is not None
-            t.host_loaded[rid] = load
-            ready = max(ready, self.cache.load_done(rank, -(-load // t.block_tokens),
-                                                    self.env.now))
-        if ready <= self.env.now:
+        if load <= 0:
             self.when_planned(queue)
             return
-        self.env.timeout(ready - self.env.now).callbacks.append(
+        assert self.cache is not None
+        t.host_loaded[rid] = load
+        done = self.cache.load_done(rank, -(-load // t.block_tokens), self.env.now)
+        self.env.timeout(done - self.env.now).callbacks.append(
             lambda _: self.when_planned(queue))
 
     def _cache_prompt(self, rank: int, rid: int) -> None:

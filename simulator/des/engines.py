@@ -76,9 +76,6 @@ class Shared:
     schedule_ahead: bool = True
     """Work reaching a busy instance first runs in the step after the next
     (SimOptions.schedule_ahead)."""
-    api_per_ktoken_ms: float = 0.0
-    """Delay before the engine looks a prompt up, per 1,000 of its tokens not in the prefix cache
-    (SimOptions.api_per_ktoken_ms)."""
 
 
 class Engine:
@@ -373,25 +370,6 @@ class Engine:
                          for r in range(self.dp)], dtype=float)
 
     def _enqueue_prompt(self, rid: int, rank: int | None = None) -> None:
-        """Hand a request to the engine (`_lookup_prompt`) after the serving stack's time per
-        prompt token the prefix cache does not hold (SimOptions.api_per_ktoken_ms): an API
-        server stage before the engine looks the prompt up, its length from what the rank holds
-        on arrival."""
-        per_ktoken = self.shared.api_per_ktoken_ms
-        if per_ktoken <= 0:
-            self._lookup_prompt(rid, rank)
-            return
-        t = self.table
-        n, blocks = int(t.input_len[rid]), t.blocks[rid]
-        at = int(np.argmin(self.chunks.outstanding + self._loading)) if rank is None else rank
-        if blocks is not None and self.cache is not None:
-            held = cached_tokens(self.cache.peek(at, blocks), n, t.block_tokens)
-        else:
-            held = min(int(self.shared.prefix_hit_rate * n), n - 1)
-        self.env.timeout(per_ktoken * (n - held) / 1e6).callbacks.append(
-            lambda _: self._lookup_prompt(rid, rank))
-
-    def _lookup_prompt(self, rid: int, rank: int | None = None) -> None:
         """Queue a request's uncached prompt tokens for chunked prefill, on `rank` (default: the
         rank with the least prompt work); blocks held only in the host tier are loaded first."""
         t = self.table

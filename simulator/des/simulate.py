@@ -173,7 +173,7 @@ class _Run:
                              {role: cost if cost is float else remembered(cost)
                               for role, cost in self.kv_costs.items()},
                              max(int(opts.dp_wait_every), 1), opts.macro_steps,
-                             opts.schedule_ahead, opts.api_per_ktoken_ms)
+                             opts.schedule_ahead)
         self._kv_bytes = remembered(lambda context: self.model.kv_bytes(
             context, p.kv_cache, p.indexer_cache))
         """KV bytes a request of a given context sends from prefill to decode."""
@@ -369,13 +369,30 @@ class _Run:
 
     def submit(self, rid: int) -> None:
         """A request arrived; it reaches the scheduler after the API overhead (its pure delay
-        here, its serial part at the instance's API server once routed, its part per prompt
-        token the prefix cache does not hold once the engine has looked it up)."""
+        here, with the part per prompt token the prefix cache does not hold; its serial part at
+        the instance's API server once routed)."""
         delay = max(self.opts.api_overhead_ms - self.opts.api_serial_ms, 0.0) / 1e3
+        if self.opts.api_per_ktoken_ms > 0:
+            delay += self.opts.api_per_ktoken_ms * self._uncached_estimate(rid) / 1e6
         if delay > 0:
             self.env.timeout(delay).callbacks.append(lambda _: self._route(rid))
         else:
             self._route(rid)
+
+    def _uncached_estimate(self, rid: int) -> float:
+        """Prompt tokens of `rid` no prefix cache holds on arrival: none for a decode-only
+        bench (its KV comes from the connector), else the prompt less what the rank holding
+        most of it holds (the share `prefix_hit_rate` says where requests carry no blocks)."""
+        n = float(self.table.input_len[rid])
+        if self.workload.mode == "decode_only":
+            return 0.0
+        role = next(iter(self.engines))
+        if self.table.blocks[rid] is None:
+            return n - min(int(self.workload.prefix_hit_rate * n), n - 1)
+        places = [e for e in self.engines[role]
+                  if isinstance(e, PrefillEngine | AggregatedEngine)]
+        held = self._cached(role, places, rid)
+        return n - (float(held.max()) if held.size else 0.0)
 
     def _route(self, rid: int) -> None:
         role = next(iter(self.engines))

@@ -1,7 +1,6 @@
 """benchmarks/closed_loop.py: its fit, engine-metric and report parts on synthetic numbers, and
 the whole loop with --quick against the real CPU engine (skipped without .venv-engine)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,21 +13,13 @@ import pytest
 from executor.backends.local import default_vllm, group_members
 from kernels.from_run import fit_handoff, fit_overheads
 from simulator.calibration.serving import ServingOverhead
+from tests.benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "closed_loop.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("closed_loop", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["closed_loop"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-cl = _load()
+cl = load_script("closed_loop")
 
 
 def fake_simulate(kernel_ms=0.8, prefill_ms=3.0):

@@ -1,17 +1,12 @@
 """benchmarks/compare_aic.py on a hand-made predictions CSV of three real rows (no .venv-aic)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from simulator.validate import load_rows
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "compare_aic.py"
+from tests.benchmarks.scripts import load_script
 
 QWEN = "qwen_qwen3_235b_a22b_fp8_qwen_qwen3_235b_a22b_fp8_h100_sxm_trtllm_agg_"
 ROWS = (QWEN + "512x128_c4_tp4_epnone_1", QWEN + "512x256_c4_tp4_epnone_2",
@@ -19,16 +14,7 @@ ROWS = (QWEN + "512x128_c4_tp4_epnone_1", QWEN + "512x256_c4_tp4_epnone_2",
 """Short, low-concurrency rows that simulate in well under a second each."""
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("compare_aic", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["compare_aic"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ca = _load()
+ca = load_script("compare_aic")
 
 
 def test_mapes_of_both_tools_on_the_rows_aiconfigurator_predicted(tmp_path, capsys):

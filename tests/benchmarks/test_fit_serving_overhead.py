@@ -1,26 +1,12 @@
 """benchmarks/fit_serving_overhead.py: the API overhead's line in the prompt length."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "fit_serving_overhead.py"
+from tests.benchmarks.scripts import load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("fit_serving_overhead", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fit_serving_overhead"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fit = _load()
+fit = load_script("fit_serving_overhead")
 
 
 def test_the_median_line_ignores_a_stray_measurement():

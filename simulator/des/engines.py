@@ -30,7 +30,7 @@ from simulator.des.chunks import Chunking, ChunkPlan, ChunkScheduler
 from simulator.des.experts import ExpertLoad
 from simulator.des.kvpool import KvPool
 from simulator.des.metrics import Recorder
-from simulator.des.prefix_cache import RankCaches, cached_tokens
+from simulator.des.prefix_cache import RankCaches, cached_tokens, rate_cached_tokens
 from simulator.des.pricing import StepPricer
 from simulator.des.requests import RequestTable
 from simulator.des.runs import MAX_RUN, Run, delay_to
@@ -382,7 +382,7 @@ class Engine:
             cached = cached_tokens(hbm + host, n, t.block_tokens)
             load = cached - cached_tokens(hbm, n, t.block_tokens)
         else:
-            cached = min(int(self.shared.prefix_hit_rate * n), n - 1)
+            cached = rate_cached_tokens(self.shared.prefix_hit_rate, n)
         if self.rewind:  # the hit's last window is computed again (V4.1's bounded replay)
             cached, load = max(cached - self.rewind, 0), max(load - self.rewind, 0)
         t.cached[rid] = cached

@@ -159,6 +159,12 @@ def cached_tokens(hit_blocks: int, input_len: int, block_tokens: int = BLOCK_TOK
     return max(min(hit_blocks * block_tokens, input_len - 1), 0)
 
 
+def rate_cached_tokens(hit_rate: float, input_len: float) -> int:
+    """Prompt tokens served from cache for a request that carries no block ids: the workload's
+    `prefix_hit_rate` share, but the last prompt token is always computed."""
+    return min(int(hit_rate * input_len), int(input_len) - 1)
+
+
 class RankCaches:
     """The prefix caches of an instance's DP ranks: HBM, and the host tier when there is one.
 

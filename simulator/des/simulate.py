@@ -37,7 +37,7 @@ from simulator.des.experts import (
 )
 from simulator.des.kvpool import KvPool
 from simulator.des.metrics import InstanceInfo, Recorder, SimResult
-from simulator.des.prefix_cache import Holders, RankCaches, cached_tokens
+from simulator.des.prefix_cache import Holders, RankCaches, cached_tokens, rate_cached_tokens
 from simulator.des.pricing import StepPricer
 from simulator.des.replay import load_corpus
 from simulator.des.requests import RequestTable
@@ -326,12 +326,12 @@ class _Run:
         """Where a prompt goes: with a policy that knows the prefix caches, the (instance, DP
         rank) whose cache and queue make it cheapest, each rank being its own engine core with
         its own cache; else an instance, which then picks its rank."""
-        router, engines = self.routers[role], self.engines[role]
+        router = self.routers[role]
         session = int(self.table.session[rid])
         key = session if session >= 0 else None
         if not router.policy.uses_prefix:
             return self._pick(role, key), None
-        places = [e for e in engines if isinstance(e, PrefillEngine | AggregatedEngine)]
+        places = self._prompt_places(role)
         cols = Candidates(
             np.concatenate([e.rank_queued() for e in places]),
             np.concatenate([e.rank_requests() for e in places]),
@@ -343,6 +343,10 @@ class _Run:
                 return e, i
             i -= e.dp
         raise AssertionError("a router picked a candidate it was not given")
+
+    def _prompt_places(self, role: str) -> list[PrefillEngine | AggregatedEngine]:
+        """The instances of `role` that compute prompts (and so hold prefix caches)."""
+        return [e for e in self.engines[role] if isinstance(e, PrefillEngine | AggregatedEngine)]
 
     def _cached(self, role: str, places: list[PrefillEngine | AggregatedEngine],
                 rid: int) -> np.ndarray:
@@ -388,10 +392,8 @@ class _Run:
             return 0.0
         role = next(iter(self.engines))
         if self.table.blocks[rid] is None:
-            return n - min(int(self.workload.prefix_hit_rate * n), n - 1)
-        places = [e for e in self.engines[role]
-                  if isinstance(e, PrefillEngine | AggregatedEngine)]
-        held = self._cached(role, places, rid)
+            return n - rate_cached_tokens(self.workload.prefix_hit_rate, n)
+        held = self._cached(role, self._prompt_places(role), rid)
         return n - (float(held.max()) if held.size else 0.0)
 
     def _route(self, rid: int) -> None:

@@ -27,7 +27,7 @@ from dataclasses import replace
 from datetime import date
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -78,11 +78,22 @@ MIN_HARDWARE_ROWS = 10
 many; the others take the engine's."""
 
 
-def api_lines(rows: pd.DataFrame, overheads: Overheads,
-              workers: int) -> dict[str, tuple[float, float, int, dict[str, tuple[float, int]]]]:
-    """Per engine: the API overhead's (fixed ms, ms per 1,000 prompt tokens, rows, and per
-    hardware preset with enough rows its own fixed ms and rows), each floored at 0 (with the
-    slope floored, a fixed part is the median residual at that slope)."""
+class ApiFit(NamedTuple):
+    """An engine's fitted API overhead."""
+
+    fixed_ms: float
+    per_ktoken_ms: float
+    rows: int
+    on_hardware: dict[str, tuple[float, int]]
+    """Per hardware preset with enough rows: its own fixed ms, and its rows."""
+
+
+NO_API_FIT = ApiFit(0.0, 0.0, 0, {})
+
+
+def api_lines(rows: pd.DataFrame, overheads: Overheads, workers: int) -> dict[str, ApiFit]:
+    """Per engine: the API overhead's fixed part and part per 1,000 prompt tokens, each floored
+    at 0 (with the slope floored, a fixed part is the median residual at that slope)."""
     res = _residuals(rows, overheads, "ttft", workers)
     x = rows.apply(prompt_ktokens, axis=1).to_numpy(dtype=float)
     preset = rows.system.map(SYSTEMS).to_numpy()
@@ -99,7 +110,7 @@ def api_lines(rows: pd.DataFrame, overheads: Overheads,
             on = ok & (preset == hw)
             if on.sum() >= MIN_HARDWARE_ROWS:
                 own[hw] = (max(float(np.median(res[on] - slope * x[on])), 0.0), int(on.sum()))
-        out[engine] = (fixed, slope, int(ok.sum()), own)
+        out[engine] = ApiFit(fixed, slope, int(ok.sum()), own)
     return out
 
 
@@ -146,21 +157,22 @@ def main() -> None:
     agg = api_lines(rows[rows["mode"] == "agg"], base, args.workers)
     api: Overheads = {}
     for e in set(step) | set(agg):
-        fixed, slope, _, own = agg.get(e, (0.0, 0.0, 0, {}))
-        api[e] = ServingOverhead(api_overhead_ms=fixed, api_per_ktoken_ms=slope,
+        fit = agg.get(e, NO_API_FIT)
+        api[e] = ServingOverhead(api_overhead_ms=fit.fixed_ms, api_per_ktoken_ms=fit.per_ktoken_ms,
                                  step_overhead_ms=step.get(e))
-        for hw, (hw_fixed, _) in own.items():
+        for hw, (hw_fixed, _) in fit.on_hardware.items():
             api[e, hw] = replace(api[e], api_overhead_ms=hw_fixed)
     pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers)
     engines = {}
     for e in sorted(set(agg) | set(pd_) | set(step)):
+        fit = agg.get(e, NO_API_FIT)
         engines[e] = {"step_overhead_ms": round(step.get(e, STEP_OVERHEAD_MS["gpu"]), 2),
-                      "api_overhead_ms": round(agg.get(e, (0.0, 0.0, 0, {}))[0], 1),
-                      "api_per_ktoken_ms": round(agg.get(e, (0.0, 0.0, 0, {}))[1], 2),
+                      "api_overhead_ms": round(fit.fixed_ms, 1),
+                      "api_per_ktoken_ms": round(fit.per_ktoken_ms, 2),
                       HARDWARE_KEY: {hw: {"api_overhead_ms": round(v, 1), "rows": n}
-                                     for hw, (v, n) in agg.get(e, (0, 0, 0, {}))[3].items()},
+                                     for hw, (v, n) in fit.on_hardware.items()},
                       "handoff_ms": round(pd_.get(e, (0.0, 0))[0], 1),
-                      "rows": {"tpot": tpot.get(e, (0, 0))[1], "agg": agg.get(e, (0, 0, 0, {}))[2],
+                      "rows": {"tpot": tpot.get(e, (0, 0))[1], "agg": fit.rows,
                                "disagg": pd_.get(e, (0, 0))[1]}}
     doc = {"fitted": str(date.today()), "aiconfigurator_core": version("aiconfigurator-core"),
            "rule": f"median TTFT residual (API: Theil-Sen line in prompt length), fitting "

@@ -1,13 +1,14 @@
 """Fit the serving stack's fixed latencies (simulator/calibration/serving.py) per engine.
 
 On the measured rows of the fitting half at concurrency <= 8, in three passes: the per-step
-overhead is the cost model's default plus the median of (measured - simulated) TPOT over all
-rows; the API overhead is the median line (Theil-Sen: the median of the pairwise slopes, then the
-median intercept) of (measured - simulated) TTFT against the mean prompt length over aggregated
-rows with that step overhead: a fixed part and a part per 1,000 prompt tokens (the engine's), the
-fixed part also per hardware preset where the engine has at least MIN_HARDWARE_ROWS rows on
-that system (the median residual there at the engine's slope); the P/D handoff
-is the median of that residual over P/D rows once all are in. All are floored at 0. Writes
+overhead is a time per decoder layer of the model, the median over all rows of the cost model's
+default plus (measured - simulated) TPOT, divided by the row's layers; the API overhead is the
+median line (Theil-Sen: the median of the pairwise slopes, then the median intercept) of
+(measured - simulated) TTFT against the mean prompt length over aggregated rows with that step
+overhead: a fixed part and a part per 1,000 prompt tokens (the engine's), the fixed part also
+per hardware preset where the engine has at least MIN_HARDWARE_ROWS rows on that system (the
+median residual there at the engine's slope); the P/D handoff is the median of that residual
+over P/D rows once all are in. All are floored at 0. Writes
 simulator/calibration/data/serving_overhead.json (temp file, then rename).
 
     .venv/bin/python benchmarks/fit_serving_overhead.py [--workers 2]
@@ -40,7 +41,15 @@ from simulator.calibration.serving import (
 )
 from simulator.cost.step import STEP_OVERHEAD_MS
 from simulator.specs.errors import SpecError
-from simulator.validate import SYSTEMS, case_from_row, client_lengths, load_rows, simulate_with
+from simulator.specs.model import load_model
+from simulator.validate import (
+    SYSTEMS,
+    case_from_row,
+    client_lengths,
+    load_rows,
+    model_source,
+    simulate_with,
+)
 
 OUT = Path(__file__).resolve().parents[1] / "simulator/calibration/data/serving_overhead.json"
 
@@ -54,6 +63,27 @@ def residual(args: tuple[pd.Series, ServingOverhead, str]) -> float:
     except SpecError:
         return float("nan")
     return float(row[f"silicon_{metric}_ms"]) - float(pred)
+
+
+def model_layers(model_path: str) -> float:
+    """Decoder layers of a measured row's model (NaN for one the model specs cannot read)."""
+    try:
+        return float(load_model(model_source(model_path)).layers)
+    except SpecError:
+        return float("nan")
+
+
+def per_layer_steps(rows: pd.DataFrame, workers: int) -> dict[str, tuple[float, int]]:
+    """Per engine: the per-step overhead per decoder layer (floored at 0), and its rows."""
+    res = _residuals(rows, {}, "tpot", workers)
+    layers = rows.model_path.map(model_layers).to_numpy(dtype=float)
+    out = {}
+    for engine in sorted(rows.backend.unique()):
+        ok = (rows.backend == engine).to_numpy() & ~np.isnan(res) & ~np.isnan(layers)
+        if ok.any():
+            per = (STEP_OVERHEAD_MS["gpu"] + res[ok]) / layers[ok]
+            out[engine] = (max(0.0, float(np.median(per))), int(ok.sum()))
+    return out
 
 
 def prompt_ktokens(row: Mapping[str, Any]) -> float:
@@ -135,13 +165,13 @@ def _residuals(rows: pd.DataFrame, overheads: Overheads, metric: str,
 
 def median_residuals(rows: pd.DataFrame, overheads: Overheads, metric: str,
                      workers: int) -> dict[str, tuple[float, int]]:
+    """Per engine: the median residual of `metric` floored at 0, and its rows."""
     res = _residuals(rows, overheads, metric, workers)
     out = {}
     for engine in sorted(rows.backend.unique()):
         r = res[(rows.backend == engine).to_numpy() & ~np.isnan(res)]
         if len(r):
-            out[engine] = (float(np.median(r)) if metric == "tpot" else
-                           max(0.0, float(np.median(r))), len(r))
+            out[engine] = (max(0.0, float(np.median(r))), len(r))
     return out
 
 
@@ -151,22 +181,25 @@ def main() -> None:
     args = parser.parse_args()
     rows = load_rows()
     rows = rows[rows.id.map(in_fit_half) & (rows.concurrency <= FIT_MAX_CONCURRENCY)]
-    tpot = median_residuals(rows, {}, "tpot", args.workers)
-    step = {e: max(0.0, STEP_OVERHEAD_MS["gpu"] + v) for e, (v, _) in tpot.items()}
-    base: Overheads = {e: ServingOverhead(step_overhead_ms=v) for e, v in step.items()}
+    tpot = per_layer_steps(rows, args.workers)
+    step = {e: v for e, (v, _) in tpot.items()}
+    base: Overheads = {e: ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=v)
+                       for e, v in step.items()}
     agg = api_lines(rows[rows["mode"] == "agg"], base, args.workers)
     api: Overheads = {}
     for e in set(step) | set(agg):
         fit = agg.get(e, NO_API_FIT)
         api[e] = ServingOverhead(api_overhead_ms=fit.fixed_ms, api_per_ktoken_ms=fit.per_ktoken_ms,
-                                 step_overhead_ms=step.get(e))
+                                 step_overhead_ms=0.0 if e in step else None,
+                                 step_overhead_per_layer_ms=step.get(e, 0.0))
         for hw, (hw_fixed, _) in fit.on_hardware.items():
             api[e, hw] = replace(api[e], api_overhead_ms=hw_fixed)
     pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers)
     engines = {}
     for e in sorted(set(agg) | set(pd_) | set(step)):
         fit = agg.get(e, NO_API_FIT)
-        engines[e] = {"step_overhead_ms": round(step.get(e, STEP_OVERHEAD_MS["gpu"]), 2),
+        engines[e] = {**({"step_overhead_ms": 0.0, "step_overhead_per_layer_ms":
+                          round(step[e], 4)} if e in step else {}),
                       "api_overhead_ms": round(fit.fixed_ms, 1),
                       "api_per_ktoken_ms": round(fit.per_ktoken_ms, 2),
                       HARDWARE_KEY: {hw: {"api_overhead_ms": round(v, 1), "rows": n}
@@ -175,8 +208,9 @@ def main() -> None:
                       "rows": {"tpot": tpot.get(e, (0, 0))[1], "agg": fit.rows,
                                "disagg": pd_.get(e, (0, 0))[1]}}
     doc = {"fitted": str(date.today()), "aiconfigurator_core": version("aiconfigurator-core"),
-           "rule": f"median TTFT residual (API: Theil-Sen line in prompt length), fitting "
-                   f"half, concurrency <= {FIT_MAX_CONCURRENCY}",
+           "rule": f"step: median of (default + TPOT residual) per decoder layer; API: "
+                   f"Theil-Sen line of the TTFT residual in prompt length; fitting half, "
+                   f"concurrency <= {FIT_MAX_CONCURRENCY}",
            "command": "benchmarks/fit_serving_overhead.py", "engines": engines}
     fd, tmp = tempfile.mkstemp(dir=OUT.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

@@ -334,7 +334,9 @@ def provenance(deployment: Deployment, seed: int, study: str, storage: str) -> d
                                 **({"step_per_request": o.step_overhead_per_seq_ms}
                                    if o.step_overhead_per_seq_ms else {}),
                                 **({"api_per_1k_prompt_tokens": o.api_per_ktoken_ms}
-                                   if o.api_per_ktoken_ms else {})},
+                                   if o.api_per_ktoken_ms else {}),
+                                **({"step_per_layer": o.step_overhead_per_layer_ms}
+                                   if o.step_overhead_per_layer_ms else {})},
         "predicted_by": "discrete-event simulation (rackplan simulate)",
         "seed": seed, "study": study, "storage": storage,
     }

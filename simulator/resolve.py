@@ -69,13 +69,15 @@ def resolve(deployment: Deployment, calibration: Calibration | None = None,
     cal = calibration or load_calibration(hardware, deployment.engine, deployment.engine_version)
     step_ms = None if overhead is None else overhead.step_overhead_ms
     per_seq_ms = 0.0 if overhead is None else overhead.step_overhead_per_seq_ms
+    per_layer_ms = 0.0 if overhead is None else overhead.step_overhead_per_layer_ms
     roles = {
         name: ResolvedRole(
             name=name, spec=role,
             instance=instance_from_role(model, hardware, name, role, weights, kv,
                                         a2a_gb_s=placement.all_to_all_gb_s(names[name][0]),
                                         overhead_ms=step_ms, indexer_cache=indexer,
-                                        overhead_per_seq_ms=per_seq_ms),
+                                        overhead_per_seq_ms=per_seq_ms,
+                                        overhead_per_layer_ms=per_layer_ms),
             memory=memory[name], instance_names=names[name])
         for name, role in deployment.roles.items()
     }

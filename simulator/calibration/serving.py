@@ -46,6 +46,10 @@ class ServingOverhead:
     engine's GPU work (fitted on prompts with no cached tokens; not charged on cached ones)."""
     step_overhead_ms: float | None = None
     """Per engine step; None: the cost model's default."""
+    step_overhead_per_layer_ms: float = 0.0
+    """Per engine step and decoder layer of the model, on top of `step_overhead_ms`: the small
+    kernels every layer launches (norms, rotary embedding, KV-cache writes, activation
+    quantisation) that no measured kernel table prices."""
     handoff_ms: float = 0.0
     """P/D handoff besides the KV bytes."""
     step_overhead_per_seq_ms: float = 0.0
@@ -90,6 +94,7 @@ def serving_overhead(engine: str, disaggregated: bool,
         api_overhead_ms=float(on.get("api_overhead_ms", fitted.get("api_overhead_ms", 0.0))),
         api_per_ktoken_ms=float(fitted.get("api_per_ktoken_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
+        step_overhead_per_layer_ms=float(fitted.get("step_overhead_per_layer_ms", 0.0)),
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)
 
 
@@ -99,7 +104,7 @@ kernel tables (benchmarks/closed_loop.py fits and writes them). While that folde
 calibration they are preferred to the shipped fit for the hardware and engine they name."""
 USER_FORMAT = 1
 FIELDS = ("api_overhead_ms", "step_overhead_ms", "handoff_ms", "step_overhead_per_seq_ms",
-          "api_serial_ms", "api_per_ktoken_ms")
+          "api_serial_ms", "api_per_ktoken_ms", "step_overhead_per_layer_ms")
 DISAGGREGATED = "disaggregated"
 """The key of an engine entry's sub-entry measured on a P/D deployment: its latencies are
 preferred for P/D plans (on a small host the decode engine's API server may share its core, so
@@ -137,7 +142,8 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
     its serving_overhead.json has no entry for them. A latency the entry leaves out comes from
     `fallback` (the shipped fit); only P/D pays the handoff. A measured API overhead without
     its own time per prompt token holds that time at the prompt length it was measured at, so
-    it comes without the fallback's."""
+    it comes without the fallback's; a measured step overhead without its own part per layer
+    holds the layers' part too, so it comes without the fallback's."""
     entry = _user_entry(folder, hardware, engine)
     if entry is None:
         return None
@@ -147,6 +153,9 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
     if isinstance(pd, dict):
         got.update({k: pd[k] for k in FIELDS if pd.get(k) is not None})
     step = got["step_overhead_ms"]
+    per_layer = got["step_overhead_per_layer_ms"]
+    if per_layer is None:
+        per_layer = base.step_overhead_per_layer_ms if step is None else 0.0
     per_ktoken = got["api_per_ktoken_ms"]
     if per_ktoken is None:
         per_ktoken = base.api_per_ktoken_ms if got["api_overhead_ms"] is None else 0.0
@@ -155,6 +164,7 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
         else float(got["api_overhead_ms"]),
         api_per_ktoken_ms=float(per_ktoken),
         step_overhead_ms=base.step_overhead_ms if step is None else float(step),
+        step_overhead_per_layer_ms=float(per_layer),
         handoff_ms=0.0 if not disaggregated else (
             base.handoff_ms if got["handoff_ms"] is None else float(got["handoff_ms"])),
         step_overhead_per_seq_ms=float(got["step_overhead_per_seq_ms"] or 0.0),

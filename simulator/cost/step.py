@@ -101,6 +101,9 @@ class Instance:
     deepep_high_throughput, or an NCCL all-gather + reduce-scatter for the others."""
     overhead_ms: float | None = None
     """Fixed per-step overhead; None: the default for the hardware kind."""
+    overhead_per_layer_ms: float = 0.0
+    """Per-step overhead for each decoder layer, on top of `overhead_ms` (the fitted serving
+    stack's: the small kernels a layer launches that no measured table prices)."""
     overhead_per_seq_ms: float = 0.0
     """Per-step overhead for each request the busiest rank runs in the step (the serving
     stack's per-request work on the step's critical path: scheduling and output processing,
@@ -145,17 +148,33 @@ class Instance:
         return self.a2a_gb_s or self.hardware.scaleup_gb_s
 
     @property
-    def step_overhead_ms(self) -> float:
+    def fixed_overhead_ms(self) -> float:
+        """The per-step overhead's part that does not grow with the layers."""
         if self.overhead_ms is not None:
             return self.overhead_ms
         return STEP_OVERHEAD_MS["cpu" if self.hardware.name == "cpu" else "gpu"]
+
+    @property
+    def step_overhead_ms(self) -> float:
+        return self.fixed_overhead_ms + self.overhead_per_layer_ms * self.model.layers
+
+
+def overhead_source(inst: Instance) -> str:
+    """Where an instance's per-step overhead comes from, for a step's provenance."""
+    if inst.overhead_per_layer_ms > 0:
+        return (f"measured ({inst.fixed_overhead_ms:g} ms + {inst.overhead_per_layer_ms:g} ms "
+                f"per decoder layer x {inst.model.layers})")
+    if inst.overhead_ms is not None:
+        return "measured (fixed)"
+    return f"roofline (assumed fixed {inst.step_overhead_ms} ms per step)"
 
 
 def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str, role: RoleSpec,
                        weights: str, kv_cache: str, a2a_gb_s: float = 0.0,
                        overhead_ms: float | None = None,
                        indexer_cache: str = "fp8",
-                       overhead_per_seq_ms: float = 0.0) -> Instance:
+                       overhead_per_seq_ms: float = 0.0,
+                       overhead_per_layer_ms: float = 0.0) -> Instance:
     """The cost-model view of one instance of a deployment role."""
     spec = role.speculative
     plan = prefetch_plan(model, role, weights)
@@ -170,6 +189,7 @@ def instance_from_role(model: ModelSpec, hardware: HardwareSpec, role_name: str,
         a2a_gb_s=a2a_gb_s,
         all2all=role.backend(role_name),
         overhead_ms=overhead_ms, overhead_per_seq_ms=overhead_per_seq_ms,
+        overhead_per_layer_ms=overhead_per_layer_ms,
         offload_bytes=0.0 if plan is not None else role.cpu_offload_gb * 1024 ** 3,
         prefetch=None if plan is None else (plan.layers, plan.layer_bytes),
         dbo=role.dbo and role.dep is not None,
@@ -509,7 +529,7 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     if tokens.sum() <= 0:
         return StepTime(inst.step_overhead_ms, {**dict.fromkeys(CATEGORIES, 0.0),
                                                 "other": inst.step_overhead_ms},
-                        {"overhead": "measured (fixed)"}, {"overhead": inst.step_overhead_ms},
+                        {"overhead": overhead_source(inst)}, {"overhead": inst.step_overhead_ms},
                         0.0)
     logits = dec_b * (1 + spec) + pre_req
     if inst.overhead_per_seq_ms > 0:
@@ -646,8 +666,7 @@ def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -
         led.provenance["weight_offload"] = (
             f"roofline (offloaded bytes over the {inst.hardware.host_link_gb_s:g} GB/s host link)")
     led.add("other", "overhead", None, inst.step_overhead_ms)
-    led.provenance["overhead"] = "measured (fixed)" if inst.overhead_ms is not None else (
-        f"roofline (assumed fixed {inst.step_overhead_ms} ms per step)")
+    led.provenance["overhead"] = overhead_source(inst)
     total = float(sum(led.ms.values()))
     return StepTime(total, dict(led.ms), led.provenance, led.parts, opened.accepted)
 

@@ -76,6 +76,9 @@ class SimOptions:
     step_overhead_ms: float | None = None
     """Fixed cost of every engine step (scheduling, launches not hidden by the GPU); None: the
     cost model's default for the hardware kind."""
+    step_overhead_per_layer_ms: float = 0.0
+    """Cost of every engine step for each decoder layer of the model, on top of
+    `step_overhead_ms` (0: none)."""
     step_overhead_per_seq_ms: float = 0.0
     """Cost of every engine step for each request its busiest rank runs (measured; 0: none)."""
     handoff_ms: float = 0.0
@@ -104,6 +107,7 @@ class SimOptions:
                    api_serial_ms=overhead.api_serial_ms,
                    step_overhead_ms=overhead.step_overhead_ms,
                    step_overhead_per_seq_ms=overhead.step_overhead_per_seq_ms,
+                   step_overhead_per_layer_ms=overhead.step_overhead_per_layer_ms,
                    handoff_ms=overhead.handoff_ms)
 
 
@@ -265,6 +269,7 @@ class _Run:
                                       d.precision.kv_cache, a2a_gb_s=a2a,
                                       overhead_ms=self.opts.step_overhead_ms,
                                       overhead_per_seq_ms=self.opts.step_overhead_per_seq_ms,
+                                      overhead_per_layer_ms=self.opts.step_overhead_per_layer_ms,
                                       indexer_cache=d.precision.indexer_cache)
             pricer = self.pricers[(role, a2a)] = StepPricer(inst, self.calibration,
                                                             self.opts.price_bits)

@@ -220,3 +220,47 @@ def test_the_fixed_api_overhead_fitted_on_a_system_s_own_rows_is_that_hardware_s
     assert (h200.api_overhead_ms, h200.api_per_ktoken_ms, h200.handoff_ms) == (35.0, 10.0, 90.0)
     assert serving_overhead("vllm", False, "b200").api_overhead_ms == 20.0
     assert serving_overhead("vllm", False).api_ms(1000) == 30.0
+
+
+def test_a_step_pays_the_fitted_overhead_of_each_decoder_layer():
+    """The shipped fit prices a step's overhead per decoder layer (the small kernels no table
+    measures): a model of L layers pays fixed + per-layer x L, and says so."""
+    from simulator.calibration.tables import load_calibration
+    from simulator.cost import Batch, step_time
+    from simulator.cost.step import instance_from_role
+    from simulator.specs.hardware import load_hardware
+    from simulator.specs.model import load_model
+
+    role = load_deployment(AGG).roles["aggregated"]
+    model, cpu = load_model("tiny-moe"), load_hardware("cpu")
+    cal = load_calibration(cpu)
+
+    def step(**over):
+        inst = instance_from_role(model, cpu, "aggregated", role, "bf16", "bf16", **over)
+        return step_time(inst, Batch.decode(inst.dp, 2, 64), cal), inst
+
+    base, _ = step(overhead_ms=0.5)
+    layered, inst = step(overhead_ms=0.5, overhead_per_layer_ms=0.25)
+    assert layered.total_ms == pytest.approx(base.total_ms + 0.25 * model.layers)
+    assert layered.parts["overhead"] == pytest.approx(0.5 + 0.25 * model.layers)
+    assert layered.provenance["overhead"] == (
+        f"measured (0.5 ms + 0.25 ms per decoder layer x {model.layers})")
+    assert inst.step_overhead_ms == pytest.approx(0.5 + 0.25 * model.layers)
+
+
+def test_a_measured_step_overhead_comes_without_the_shipped_part_per_layer(folder):
+    """A step overhead measured on one's own engine holds its model's layers already; a folder
+    that measured none keeps the shipped fixed and per-layer parts."""
+    shipped = ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=0.03)
+    own = user_serving_overhead(folder, "cpu", "vllm", False, fallback=shipped)
+    assert own is not None
+    assert (own.step_overhead_ms, own.step_overhead_per_layer_ms) == (1.5, 0.0)
+    write_user_serving_overhead(folder, "h200", "vllm", {"api_overhead_ms": 9.0}, ABOUT)
+    api_only = user_serving_overhead(folder, "h200", "vllm", False, fallback=shipped)
+    assert api_only is not None
+    assert (api_only.step_overhead_ms, api_only.step_overhead_per_layer_ms) == (0.0, 0.03)
+    write_user_serving_overhead(folder, "cpu", "vllm", {"step_overhead_per_layer_ms": 0.01},
+                                ABOUT)
+    both = user_serving_overhead(folder, "cpu", "vllm", False, fallback=shipped)
+    assert both is not None
+    assert (both.step_overhead_ms, both.step_overhead_per_layer_ms) == (1.5, 0.01)

@@ -24,3 +24,23 @@ def test_one_prompt_length_gives_a_flat_line():
 
 def test_a_row_replays_its_client_s_mean_prompt():
     assert fit.prompt_ktokens({"isl": 8192}) == pytest.approx((6553 + 8192) / 2 / 1e3)
+
+
+def test_the_step_overhead_is_the_median_time_per_decoder_layer(monkeypatch):
+    """Each row's unexplained TPOT (the default step overhead plus its residual) divided by its
+    model's decoder layers; the engine's median, floored at 0; a model the specs cannot read
+    is left out."""
+    import pandas as pd
+
+    rows = pd.DataFrame({
+        "backend": ["vllm", "vllm", "vllm", "sglang", "sglang"],
+        "model_path": ["openai/gpt-oss-120b", "MiniMaxAI/MiniMax-M2.5", "no-such/model",
+                       "openai/gpt-oss-120b", "openai/gpt-oss-120b"]})
+    residuals = np.array([-0.1, 1.48, 9.0, -2.0, -3.0])  # ms, measured - simulated TPOT
+    monkeypatch.setattr(fit, "_residuals", lambda r, o, m, w: residuals[:len(r)])
+    assert fit.model_layers("openai/gpt-oss-120b") == 36.0
+    assert np.isnan(fit.model_layers("no-such/model"))
+    got = fit.per_layer_steps(rows, workers=1)
+    per = sorted([(1.0 - 0.1) / 36, (1.0 + 1.48) / 62])
+    assert got["vllm"] == (pytest.approx(sum(per) / 2), 2)
+    assert got["sglang"] == (0.0, 2)  # a negative median is floored

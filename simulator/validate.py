@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -162,6 +162,46 @@ def recv_interval(engine: str, system: str, role: str, concurrency: float) -> in
     return 1
 
 
+class Recipe(NamedTuple):
+    """What one InferenceX recipe sets beyond the row's columns (None: the general rule)."""
+
+    mem_fraction_static: float | None
+    """SGLang's --mem-fraction-static (a role's gpu_memory_utilization)."""
+    recv_interval: int | None
+    """SGLang's --scheduler-recv-interval at every concurrency."""
+
+
+DSR1_B200: dict[tuple[str, int], Recipe] = {
+    ("fp8", 4): Recipe(0.95, 10), ("fp8", 8): Recipe(0.82, None),
+    ("fp4", 4): Recipe(0.85, None), ("fp4", 8): Recipe(0.85, None),
+}
+RECIPES: dict[tuple[str, str, str, str, int], Recipe] = {
+    ("sglang", model, precision, "b200_sxm", tp): recipe
+    for model in ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")
+    for (precision, tp), recipe in DSR1_B200.items()}
+"""Aggregated rows by (backend, model, precision, system, TP of the instance) whose InferenceX
+recipe sets the memory fraction or the receive interval apart: `benchmarks/dsr1_fp8_b200.sh`
+runs TP4 (8K/1K only) at --mem-fraction-static 0.95 with a receive interval of 10 at every
+concurrency, so that 32 users' 9K-token contexts fit beside 168 GB of weights a GPU, and TP8 at
+0.82; `dsr1_fp4_b200.sh` runs 0.85 at any TP. The file's SGLang B200 rows named DeepSeek-V3
+carry that recipe's ids (`dsr1_...`: the same architecture and checkpoint size). Every other
+row keeps the default 0.9."""
+
+
+def _recipe(row: pd.Series, role: RoleSpec) -> RoleSpec:
+    """`role` with what the row's recipe sets (RECIPES) in place of the general rules."""
+    got = RECIPES.get((row.backend, row.model_path, str(row.precision), row.system,
+                       role.tp or 1)) if role.dep is None else None
+    if got is None:
+        return role
+    update: dict[str, Any] = {}
+    if got.mem_fraction_static is not None:
+        update["gpu_memory_utilization"] = got.mem_fraction_static
+    if got.recv_interval is not None:
+        update["recv_interval"] = got.recv_interval
+    return role.model_copy(update=update)
+
+
 def batched_tokens(engine: str, role: str, concurrency: float, isl: float,
                    draft: int = 0) -> int:
     """Tokens per step and rank: InferenceX's aggregated TensorRT-LLM recipes pass
@@ -213,10 +253,11 @@ def measured_with_mtp(row: pd.Series, mtp_layers: int) -> bool:
 def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurrency: float,
               moe: bool, drafts: bool = False) -> RoleSpec:
     """One role's layout from its columns (`prefix` is "", "prefill_" or "decode_")."""
-    return _role(name, row.backend, row[f"{prefix}tp_size"], row[f"{prefix}attention_dp_size"],
+    role = _role(name, row.backend, row[f"{prefix}tp_size"], row[f"{prefix}attention_dp_size"],
                  row[f"{prefix}moe_tp_size"], row[f"{prefix}moe_ep_size"], instances,
                  concurrency, float(row.isl), moe,
                  recv_interval(row.backend, row.system, name, concurrency), drafts)
+    return _recipe(row, role) if name == "aggregated" else role
 
 
 def case_from_row(row: pd.Series) -> Case:

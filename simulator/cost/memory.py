@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from simulator.specs.deployment import RoleSpec
@@ -16,12 +17,28 @@ RESERVE_GB = 3.5
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 20
 """Peak activation bytes per batched token per hidden unit (bf16 residual, norms, MoE buffers)."""
 
-KV_FRACTION_OF: dict[str, str] = {"vllm": "total", "sglang": "total", "trtllm": "free"}
+KV_FRACTION_OF: dict[str, str] = {"vllm": "total", "sglang": "static", "trtllm": "free"}
 """What an engine's memory fraction (a role's gpu_memory_utilization, 0.9 by default) is a
-fraction of. vLLM's --gpu-memory-utilization and SGLang's --mem-fraction-static: of the whole
-HBM, which weights, activations and the KV pool share. TensorRT-LLM's KvCacheConfig
-free_gpu_memory_fraction (default 0.9): of the memory left free once the model is loaded, all
-of it the KV pool's (its docs: "allocate 90% of free GPU memory for KV cache")."""
+fraction of:
+- "total", vLLM's --gpu-memory-utilization: of the whole HBM, which weights, activations, the
+  reserve and the KV pool share;
+- "static", SGLang's --mem-fraction-static: of the whole HBM, for the static allocations only,
+  the weights and the KV pool (its server arguments: "the fraction of the memory used for static
+  allocation (model weights and KV cache memory pool)"; the pool is HBM x fraction - weights);
+  activations, CUDA graphs and buffers take from the rest;
+- "free", TensorRT-LLM's KvCacheConfig free_gpu_memory_fraction (default 0.9): of the memory
+  left free once the model is loaded, all of it the KV pool's (its docs: "allocate 90% of free
+  GPU memory for KV cache")."""
+
+
+BUDGET: dict[str, Callable[[float, float, float, float], float]] = {
+    "total": lambda hbm, fraction, taken, outside: hbm * fraction,
+    "static": lambda hbm, fraction, taken, outside: min(hbm * fraction + outside, hbm),
+    "free": lambda hbm, fraction, taken, outside: taken + fraction * max(hbm - taken, 0.0),
+}
+"""Per KV_FRACTION_OF rule: what weights, activations, reserve and the KV pool may take in all,
+from the HBM, the fraction, what the rank takes besides its pool, and the activations and reserve
+(which SGLang's static fraction leaves out; never more than the HBM)."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +100,8 @@ def rank_memory(model: ModelSpec, hardware: HardwareSpec, role: RoleSpec, weight
         raise SpecError(f"engine={engine!r} has no memory rule; known: "
                         f"{', '.join(KV_FRACTION_OF)}")
     taken = held - offload + activations + reserve
-    budget = (hardware.hbm_bytes * role.gpu_memory_utilization if fraction_of == "total"
-              else taken + role.gpu_memory_utilization * max(hardware.hbm_bytes - taken, 0.0))
+    budget = BUDGET[fraction_of](hardware.hbm_bytes, role.gpu_memory_utilization, taken,
+                                 activations + reserve)
     return RankMemory(
         budget=budget,
         weights=held - offload,

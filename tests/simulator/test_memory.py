@@ -81,12 +81,13 @@ def test_prefetch_offloading_moves_whole_layers_and_hides_their_copies_under_com
         RoleSpec(dep=2, offload_backend="prefetch")
 
 
-def test_tensorrt_llm_gives_the_kv_pool_its_fraction_of_the_free_memory():
-    """vLLM's gpu_memory_utilization (and SGLang's mem_fraction_static) is a fraction of the
-    whole HBM; TensorRT-LLM's free_gpu_memory_fraction a fraction of what the loaded model
+def test_each_engine_gives_the_kv_pool_what_its_memory_fraction_leaves():
+    """vLLM's gpu_memory_utilization is a fraction of the whole HBM for everything; SGLang's
+    mem_fraction_static one for the weights and the KV pool only (activations and buffers
+    outside it); TensorRT-LLM's free_gpu_memory_fraction a fraction of what the loaded model
     leaves. DeepSeek-R1 fp8 on four B200 (TP4): 168 GB of weights a rank leave vLLM about
-    1 GB of KV at 0.9, and TensorRT-LLM about 18 GB, the layout its own runs serve 8 x 8K
-    prompts with."""
+    1 GB of KV at 0.9, SGLang about 6 GB, and TensorRT-LLM about 18 GB, the layout its own
+    runs serve 8 x 8K prompts with."""
     from simulator.specs.errors import SpecError
 
     b200 = load_hardware("b200")
@@ -98,7 +99,13 @@ def test_tensorrt_llm_gives_the_kv_pool_its_fraction_of_the_free_memory():
     assert vllm.kv_pool == pytest.approx(0.9 * b200.hbm_bytes - taken)
     assert trt.kv_pool == pytest.approx(0.9 * (b200.hbm_bytes - taken))
     assert vllm.kv_tokens < 8 * 8192 < trt.kv_tokens
-    assert rank_memory(R1, b200, role, "fp8", "fp8", engine="sglang").kv_pool == vllm.kv_pool
+    sglang = rank_memory(R1, b200, role, "fp8", "fp8", engine="sglang")
+    assert sglang.kv_pool == pytest.approx(0.9 * b200.hbm_bytes - vllm.weights)
+    assert vllm.kv_pool < sglang.kv_pool < trt.kv_pool
+    whole = rank_memory(R1, b200, RoleSpec(tp=4, max_num_batched_tokens=8320,
+                                           gpu_memory_utilization=0.99),
+                        "fp8", "fp8", engine="sglang")
+    assert whole.budget == b200.hbm_bytes  # what the static part leaves is too little
     with pytest.raises(SpecError, match="engine='tgi' has no memory rule; known: vllm"):
         rank_memory(R1, b200, role, "fp8", "fp8", engine="tgi")
 

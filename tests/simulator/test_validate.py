@@ -47,6 +47,7 @@ def test_sglang_rows_on_blackwell_take_the_recipes_recv_interval(rows):
     def interval(backend: str, system: str, conc: int) -> int:
         row = rows[(rows.backend == backend) & (rows.system == system) & (rows["mode"] == "agg")
                    & (rows.concurrency == conc) & (rows.attention_dp_size <= 1)
+                   & (rows.tp_size == 8)
                    & rows.model_path.str.startswith("deepseek-ai/DeepSeek-R1")].iloc[0]
         agg = case_from_row(row).deployment.aggregated
         assert agg is not None
@@ -56,6 +57,29 @@ def test_sglang_rows_on_blackwell_take_the_recipes_recv_interval(rows):
     assert interval("sglang", "b200_sxm", 16) == 30
     assert interval("sglang", "h200_sxm", 16) == 1
     assert interval("trtllm", "b200_sxm", 16) == 1
+
+
+def test_a_recipe_that_sets_its_memory_fraction_and_receive_interval_is_read_as_it_ran(rows):
+    """InferenceX's DeepSeek-R1 fp8 SGLang recipe on B200 runs TP4 at --mem-fraction-static
+    0.95 with a receive interval of 10 at every load (TP8 at 0.82); without it 32 users' 9K
+    contexts do not fit beside its weights and the replay queues for a minute."""
+    def role(tp: int, conc: int):
+        row = rows[(rows.backend == "sglang") & (rows.system == "b200_sxm")
+                   & (rows["mode"] == "agg") & (rows.precision == "fp8")
+                   & (rows.tp_size == tp) & (rows.moe_ep_size == 1)
+                   & (rows.concurrency == conc)
+                   & (rows.model_path == "deepseek-ai/DeepSeek-R1")].iloc[0]
+        agg = case_from_row(row).deployment.aggregated
+        assert agg is not None
+        return agg.gpu_memory_utilization, agg.recv_interval
+
+    assert role(4, 32) == (0.95, 10)
+    assert role(8, 32) == (0.82, 30)
+    other = rows[(rows.backend == "sglang") & (rows.system == "b200_sxm")
+                 & (rows["mode"] == "agg")
+                 & rows.model_path.str.startswith("Qwen/Qwen3.5")].iloc[0]
+    agg = case_from_row(other).deployment.aggregated
+    assert agg is not None and agg.gpu_memory_utilization == 0.9
 
 
 def test_disaggregated_row_has_both_roles(rows):

@@ -83,18 +83,27 @@ def _table() -> dict[str, Any]:
     return data
 
 
+CPU_PRESETS = ("cpu",)
+"""Hardware presets that keep the cost model's own per-step overhead: the fitted step parts
+(a time per decoder layer of GPU kernels no table prices) come from GPU systems' rows and say
+nothing of a CPU engine's steps, which `rackplan calibrate` and the closed loop measure."""
+
+
 def serving_overhead(engine: str, disaggregated: bool,
                      hardware: str | None = None) -> ServingOverhead:
     """The fitted overhead of an engine (zeros where nothing was fitted); with the fixed API
-    overhead fitted on `hardware`'s own rows where there were enough (HARDWARE_KEY)."""
+    overhead fitted on `hardware`'s own rows where there were enough (HARDWARE_KEY); on a CPU
+    preset (CPU_PRESETS) without the fitted step parts."""
     fitted = _table().get("engines", {}).get(engine, {})
-    step = fitted.get("step_overhead_ms")
     on = fitted.get(HARDWARE_KEY, {}).get(hardware, {}) if hardware else {}
+    gpu = hardware not in CPU_PRESETS
+    step = fitted.get("step_overhead_ms") if gpu else None
     return ServingOverhead(
         api_overhead_ms=float(on.get("api_overhead_ms", fitted.get("api_overhead_ms", 0.0))),
         api_per_ktoken_ms=float(fitted.get("api_per_ktoken_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
-        step_overhead_per_layer_ms=float(fitted.get("step_overhead_per_layer_ms", 0.0)),
+        step_overhead_per_layer_ms=float(fitted.get("step_overhead_per_layer_ms", 0.0))
+        if gpu else 0.0,
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)
 
 

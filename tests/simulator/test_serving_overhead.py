@@ -99,7 +99,7 @@ def test_bad_latency_name_bad_folder_and_bad_file_are_one_sentence(folder, tmp_p
 def test_the_active_calibration_folder_sets_what_simulate_applies(folder):
     agg, pd_ = load_deployment(AGG), load_deployment(PD)
     assert measured_overhead(agg) is None
-    assert overhead_for(agg) == serving_overhead("vllm", False)
+    assert overhead_for(agg) == serving_overhead("vllm", False, "cpu")
     with calibration_dir(folder):
         assert overhead_for(agg).api_overhead_ms == 20.0
         assert overhead_for(pd_).handoff_ms == 40.0
@@ -264,3 +264,17 @@ def test_a_measured_step_overhead_comes_without_the_shipped_part_per_layer(folde
     both = user_serving_overhead(folder, "cpu", "vllm", False, fallback=shipped)
     assert both is not None
     assert (both.step_overhead_ms, both.step_overhead_per_layer_ms) == (1.5, 0.01)
+
+
+def test_a_cpu_preset_keeps_the_cost_model_s_step_overhead(monkeypatch):
+    """The fitted step parts come from GPU systems' rows; the cpu preset keeps the cost
+    model's own per-step overhead until its engine is measured."""
+    import simulator.calibration.serving as serving
+
+    table = {"engines": {"vllm": {"api_overhead_ms": 20.0, "step_overhead_ms": 0.0,
+                                  "step_overhead_per_layer_ms": 0.03}}}
+    monkeypatch.setattr(serving, "_table", lambda: table)
+    gpu, cpu = serving_overhead("vllm", False, "h200"), serving_overhead("vllm", False, "cpu")
+    assert (gpu.step_overhead_ms, gpu.step_overhead_per_layer_ms) == (0.0, 0.03)
+    assert (cpu.step_overhead_ms, cpu.step_overhead_per_layer_ms) == (None, 0.0)
+    assert cpu.api_overhead_ms == 20.0

@@ -189,9 +189,8 @@ def main() -> None:
     api: Overheads = {}
     for e in set(step) | set(agg):
         fit = agg.get(e, NO_API_FIT)
-        api[e] = ServingOverhead(api_overhead_ms=fit.fixed_ms, api_per_ktoken_ms=fit.per_ktoken_ms,
-                                 step_overhead_ms=0.0 if e in step else None,
-                                 step_overhead_per_layer_ms=step.get(e, 0.0))
+        api[e] = replace(base.get(e, ServingOverhead()), api_overhead_ms=fit.fixed_ms,
+                         api_per_ktoken_ms=fit.per_ktoken_ms)
         for hw, (hw_fixed, _) in fit.on_hardware.items():
             api[e, hw] = replace(api[e], api_overhead_ms=hw_fixed)
     pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers)

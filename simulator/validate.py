@@ -129,6 +129,12 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
         # Attention-DP rows written the same way (attention_dp_size 64 = moe_tp 8 x moe_ep 8
         # for ids that read "tp8_ep8", on single 8-GPU nodes): DEP over moe_tp GPUs.
         dp = mtp
+    elif tp > 1 and dp == tp and mtp <= 1 and ep == tp * dp:
+        # vLLM's attention-DP rows (tp_size = attention_dp_size = N, moe_ep_size = N x N, ids
+        # that read "tpN_epN"): InferenceX's vLLM recipes run DP attention on their N GPUs as
+        # `--tensor-parallel-size 1 --data-parallel-size N --enable-expert-parallel`, so the
+        # instance is DEP N, not N DP ranks of TP N.
+        tp = 1
     if instances is None or (isinstance(instances, float) and math.isnan(instances)):
         raise SpecError(UNDESCRIBED)
     n = int(instances)
@@ -140,7 +146,7 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
         "max_num_batched_tokens": batched_tokens(engine, name, concurrency, isl, draft),
         "speculative": {"method": "mtp", "tokens": draft, "acceptance": MTP_ACCEPTANCE}
         if draft else None}
-    if dp > 1:  # attention DP, each DP rank a TP group when tp > 1 (vLLM DP x TP x EP)
+    if dp > 1:  # attention DP, each DP rank a TP group when tp > 1 (no row reads so now)
         # `recv` is not applied: the recipes that set it run DP size 1 (`recv_interval`)
         a2a = WIDE_EP[name] if engine != "vllm" and moe else None
         return RoleSpec(dep=dp, tp=tp if tp > 1 else None, all2all_backend=a2a,

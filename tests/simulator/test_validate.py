@@ -230,6 +230,17 @@ def test_attention_dp_written_as_tp_times_ep_is_read_as_the_node_it_ran_on(rows)
     assert agg is not None and agg.dep == 8 and agg.max_num_seqs == 8
 
 
+
+def test_vllm_attention_dp_rows_run_on_the_gpus_their_ids_name(rows):
+    """vLLM rows whose ids read tp4_ep4 record tp_size 4, attention_dp_size 4 and moe_ep_size
+    16: InferenceX's recipe ran them as `--data-parallel-size 4 --tensor-parallel-size 1` on
+    4 GPUs, so the instance is DEP4 (one request a rank at 4 users), not 4 ranks of TP4."""
+    rid = "2026_04_06_kimi_k2_5_b200_sxm_vllm_fp4_agg_8192x1024_c4_tp4_ep4_1301"
+    row = rows[rows.id == rid].iloc[0]
+    assert (row.tp_size, row.attention_dp_size, row.moe_ep_size) == (4, 4, 16)
+    agg = case_from_row(row).deployment.aggregated
+    assert agg is not None and agg.dep == 4 and agg.tp in (None, 1) and agg.max_num_seqs == 1
+
 def test_tensorrt_llm_rows_batch_a_whole_prompt_as_its_recipes_do(rows):
     row = rows[(rows.backend == "trtllm") & (rows["mode"] == "agg") & (rows.isl == 8192)
                & (rows.concurrency == 256)].iloc[0]

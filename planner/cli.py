@@ -275,6 +275,9 @@ def _print_metrics(m: dict[str, Any]) -> None:
         rows.append(("of which loaded from the host tier", f"{m['host_loaded_tokens']:,}"))
     if m.get("warmup_requests"):
         rows.append(("warmup turns (not in these figures)", f"{m['warmup_requests']:,}"))
+    if m.get("preempted_requests"):
+        rows.append(("requests preempted for KV space (recomputed)",
+                     f"{m['preempted_requests']:,}"))
     for k, v in rows:
         t.add_row(k, v)
     share = ", ".join(f"{k} {_num(v, '.0%')}" for k, v in m["step_breakdown"].items())

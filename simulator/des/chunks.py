@@ -59,12 +59,17 @@ class ChunkScheduler:
     def ranks(self) -> int:
         return len(self.queues)
 
-    def enqueue(self, rid: int, uncached: int, cached: int, rank: int | None = None) -> int:
-        """Queue a request on `rank` (default: the rank with the fewest outstanding tokens);
-        returns the rank."""
+    def enqueue(self, rid: int, uncached: int, cached: int, rank: int | None = None,
+                front: bool = False) -> int:
+        """Queue a request on `rank` (default: the rank with the fewest outstanding tokens),
+        at the back of its queue or, `front`, at its head (a preempted request, as vLLM puts
+        it back); returns the rank."""
         if rank is None:
             rank = int(np.argmin(self.outstanding))
-        self.queues[rank].append((rid, uncached, cached))
+        if front:
+            self.queues[rank].appendleft((rid, uncached, cached))
+        else:
+            self.queues[rank].append((rid, uncached, cached))
         self.outstanding[rank] += uncached
         self._requests[rank] += 1
         return rank

@@ -34,7 +34,7 @@ from simulator.des.prefix_cache import RankCaches, cached_tokens, rate_cached_to
 from simulator.des.pricing import StepPricer
 from simulator.des.requests import RequestTable
 from simulator.des.runs import MAX_RUN, Run, delay_to
-from simulator.des.slots import DecodeSlots
+from simulator.des.slots import DONE_EPS, DecodeSlots
 from simulator.specs.deployment import ADP_BALANCE_TIMEOUT_STEPS, RoleSpec
 
 WAITS_HELD = 4_096
@@ -76,6 +76,9 @@ class Shared:
     schedule_ahead: bool = True
     """Work reaching a busy instance first runs in the step after the next
     (SimOptions.schedule_ahead)."""
+    kv_admission: str = "whole"
+    """How the engine admits requests against the KV cache of an aggregated instance
+    (`slots.KV_ADMISSION`)."""
 
 
 class Engine:
@@ -144,8 +147,8 @@ class Engine:
         during the run, those up to the one in progress then (`simulator.des.runs`)."""
         cost = self._cost(plan)
         seconds = cost[0].total_ms / 1e3
-        run = self._run = Run(self.env.now, seconds, steps, self.waiting(), self.kv.use(),
-                              plan.stepped)
+        run = self._run = Run(self.env.now, seconds, steps, self.waiting(),
+                              self.kv.used.copy(), plan.stepped)
         self._step_end = run.end
         self._interruptible = True
         try:
@@ -156,7 +159,7 @@ class Engine:
             if run.ends[steps - 1] > now:
                 yield self.env.timeout(delay_to(now, float(run.ends[steps - 1])))
         self._interruptible, self._run = False, None
-        self._record(plan, cost, run.pieces(steps), seconds)
+        self._record(plan, cost, self._pieces(plan, run, steps), seconds)
         self.apply(plan, seconds, steps)
         self._received(plan, run.ends[:steps].tolist())
 
@@ -248,7 +251,33 @@ class Engine:
     def _changed(self) -> None:
         """The queue or the KV use changed: the steps of a run from now on record the new."""
         if self._run is not None:
-            self._run.mark(self.env.now, self.waiting(), self.kv.use())
+            self._run.mark(self.env.now, self.waiting(), self.kv.used.copy())
+
+    def _pieces(self, plan: StepPlan, run: Run, steps: int
+                ) -> list[tuple[float, int, int, float]]:
+        """The first `steps` steps of `run` as `_record` takes them: (time of the first, steps,
+        queue, KV use), a piece per mark; a step each where the KV grows step by step, each
+        with the use a step taken alone records at its start."""
+        grows = self._grows(plan)
+        out: list[tuple[float, int, int, float]] = []
+        for t, first, n, queue, used in run.pieces(steps):
+            if not grows:
+                out.append((t, n, queue, self.kv.use_of(used, self.kv.grown)))
+                continue
+            for j in range(first, first + n):
+                at = run.start if j == 0 else float(run.ends[j - 1])
+                out.append((at, 1, queue, self.kv.use_of(used, self._grown_at(plan, j))))
+        return out
+
+    def _grows(self, plan: StepPlan) -> bool:
+        """Whether the KV in use grows step by step in a run of `plan` (optimistic
+        admission)."""
+        return False
+
+    def _grown_at(self, plan: StepPlan, steps: int) -> np.ndarray:
+        """Per rank, the KV the admitted requests have grown by after `steps` steps of a run
+        of `plan`."""
+        return self.kv.grown
 
     def price(self, plan: StepPlan) -> StepTime:
         """Price one step of `plan` and record it, as starting now."""
@@ -518,10 +547,12 @@ class DecodeEngine(Engine):
     """A P/D decode instance (or a decode_only bench instance)."""
 
     def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
-                 experts: ExpertLoad | None, kv_tokens: int) -> None:
+                 experts: ExpertLoad | None, kv_tokens: int, admission: str = "whole") -> None:
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
         self.accepted = pricer.accepted_per_request
-        self.slots = DecodeSlots(self.dp, spec.max_num_seqs, self.kv, self.accepted)
+        self.slots = DecodeSlots(self.dp, spec.max_num_seqs, self.kv, self.accepted, admission)
+        self.preempted = 0
+        """Requests whose KV this instance took back to make room (optimistic admission)."""
         self._zeros = np.zeros(self.dp)
         self._zeros.flags.writeable = False  # the prefill part of every decode-only plan
         self._tail = np.zeros((self.dp, spec.max_num_seqs))
@@ -574,6 +605,13 @@ class DecodeEngine(Engine):
     def _snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         return self.slots.active.copy(), self.slots.fresh.copy()
 
+    def _grows(self, plan: StepPlan) -> bool:
+        return self.slots.optimistic and plan.stepped is not None
+
+    def _grown_at(self, plan: StepPlan, steps: int) -> np.ndarray:
+        assert plan.stepped is not None
+        return self.slots.grown_after(plan.stepped, steps)
+
     def repeats(self, plan: StepPlan) -> int:
         """Decode-only steps without a first token go as a run while no request finishes
         (the step where the first does is the run's last), at most MAX_RUN, and while the
@@ -621,10 +659,12 @@ class AggregatedEngine(DecodeEngine):
     def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
                  experts: ExpertLoad | None, kv_tokens: int, cache: RankCaches | None,
                  finish_at_prefill: bool = False) -> None:
-        super().__init__(shared, name, spec, pricer, experts, kv_tokens)
+        super().__init__(shared, name, spec, pricer, experts, kv_tokens, shared.kv_admission)
         self._init_prompts(spec, cache, finish_at_prefill, self._reserve)
         self._held = 0
         """Steps new prompts have been held for the other DP ranks (attention_dp_balance)."""
+        self._resumed: dict[int, float] = {}
+        """Preempted requests queued to compute their KV again: id -> output tokens they had."""
 
     def take_prompt(self, rid: int, rank: int | None = None) -> None:
         """A request to prefill (and then decode) here (on `rank`, or the least busy)."""
@@ -635,7 +675,8 @@ class AggregatedEngine(DecodeEngine):
 
     def _reserve(self, rank: int, rid: int) -> int | None:
         output = 0.0 if self.finish_at_prefill else float(self.table.output_len[rid])
-        slot = self.slots.reserve(rank, rid, float(self.table.input_len[rid]), output)
+        had = self._resumed.get(rid, 0.0)  # a resumed request holds its output so far too
+        slot = self.slots.reserve(rank, rid, float(self.table.input_len[rid]) + had, output)
         if slot is None and self.slots.has_free(rank):
             self._blocked.add(rank)
         return slot
@@ -670,18 +711,41 @@ class AggregatedEngine(DecodeEngine):
         return True
 
     def repeats(self, plan: StepPlan) -> int:
-        """As a decode instance's, while no prompt is queued or held."""
-        return 1 if self.chunks.has_work() else super().repeats(plan)
+        """As a decode instance's, while no prompt is queued or held, and (optimistic
+        admission) while every rank's KV holds the run."""
+        if self.chunks.has_work():
+            return 1
+        steps = super().repeats(plan)
+        full = None if plan.stepped is None else self.slots.steps_to_full(plan.stepped)
+        return steps if full is None else min(steps, full)
 
     def apply(self, plan: StepPlan, seconds: float, steps: int = 1) -> None:
         if plan.decode_requests.any():
             super().apply(plan, seconds, steps)
+            if self.slots.optimistic:
+                self._preempt()
         if plan.chunks is not None:
             for rank, entry in self.chunks.advance(plan.chunks):
                 self._prompt_done(rank, entry)
 
+    def _preempt(self) -> None:
+        """Make room on every rank whose KV the step's new tokens overflowed: the requests
+        admitted last go back to the head of the rank's prompt queue, to compute their prompt
+        and output so far again (vLLM's recompute preemption)."""
+        for rank in self.kv.over():
+            r = int(rank)
+            for rid, had in self.slots.preempt(r):
+                self.preempted += 1
+                self._resumed[rid] = had
+                self.chunks.enqueue(rid, int(self.table.input_len[rid] + math.ceil(had)), 0, r,
+                                    front=True)
+
     def _prompt_done(self, rank: int, entry: Chunking) -> None:
         rid, slot, now = entry.rid, entry.ref, self.env.now
+        had = self._resumed.pop(rid, None)
+        if had is not None:  # a preempted request's KV again, and its next token
+            self._resumed_done(rank, slot, rid, had + 1.0)
+            return
         self.table.prefill_done[rid] = now
         self.table.first_token[rid] = now  # the last chunk's step samples the first token
         self._cache_prompt(rank, rid)
@@ -692,6 +756,18 @@ class AggregatedEngine(DecodeEngine):
             self.poke()
         else:
             self.slots.activate(rank, slot, generated=1.0)
+
+    def _resumed_done(self, rank: int, slot: int, rid: int, had: float) -> None:
+        """A resumed request's recompute ended with `had` output tokens: it decodes on, or is
+        done."""
+        if had >= float(self.table.output_len[rid]) - DONE_EPS:
+            self.slots.finish_now(rank, slot)
+            self._finish([rid])
+            self._admit(rank)
+            self.poke()
+        else:  # its context is its prompt and the output it has (`activate` adds the latter)
+            self.slots.context0[rank, slot] = float(self.table.input_len[rid])
+            self.slots.activate(rank, slot, generated=had)
 
     def waiting(self) -> int:
         return self.slots.waiting() + self.chunks.waiting()

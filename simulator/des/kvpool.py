@@ -23,6 +23,11 @@ class KvPool:
         """Pool tokens a request of a given context takes (its context, for a model whose KV
         grows by the same bytes every token)."""
         self.used = np.zeros(ranks)
+        """Pool tokens reserved per rank: what requests took when admitted."""
+        self.grown = np.zeros(ranks)
+        """Pool tokens per rank that admitted requests have added since, step by step
+        (optimistic admission, `slots.KV_ADMISSION`; 0 where requests reserve their whole
+        length)."""
         self.clock = clock
         self.wait_s = 0.0
         self._blocked = np.zeros(ranks, dtype=bool)
@@ -32,7 +37,7 @@ class KvPool:
     def fits(self, rank: int, tokens: float) -> bool:
         """Whether `tokens` more fit on `rank`; a request larger than a whole empty rank is let
         in alone rather than waiting forever."""
-        used = self.used[rank]
+        used = self.used[rank] + self.grown[rank]
         return bool(used + self.cost(tokens) <= self.capacity or used == 0)
 
     def take(self, rank: int, tokens: float) -> float:
@@ -57,5 +62,14 @@ class KvPool:
         self._blocked[rank], self._waiting[rank], self._since[rank] = blocked, waiting, now
 
     def use(self) -> float:
-        """Share of the instance's KV space reserved, over all ranks."""
-        return float(self.used.sum() / max(self.capacity * len(self.used), 1))
+        """Share of the instance's KV space in use, over all ranks."""
+        return self.use_of(self.used, self.grown)
+
+    def over(self) -> np.ndarray:
+        """The ranks holding more than they have (only optimistic admission gets there)."""
+        out: np.ndarray = np.flatnonzero(self.used + self.grown > self.capacity)
+        return out
+
+    def use_of(self, used: np.ndarray, grown: np.ndarray) -> float:
+        """`use` had the ranks reserved `used` and grown `grown`."""
+        return float((used + grown).sum() / max(self.capacity * len(used), 1))

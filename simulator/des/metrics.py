@@ -253,6 +253,9 @@ class SimResult:
     """Prompt tokens loaded from the host-memory tier instead of computed."""
     warmup_requests: int = 0
     """Warmup turns sent before the measured window (in no other figure)."""
+    preempted_requests: int = 0
+    """Times an instance took a running request's KV back to make room (optimistic admission,
+    `slots.KV_ADMISSION`); each such request computes its prompt and output so far again."""
 
     @property
     def completed(self) -> int:
@@ -304,6 +307,7 @@ class SimResult:
             "cache_hit_share": _num(self.cached_input_tokens / inputs) if inputs else 0.0,
             "host_loaded_tokens": self.host_loaded_tokens,
             "warmup_requests": self.warmup_requests,
+            "preempted_requests": self.preempted_requests,
             "ttft_by_depth_ms": self._ttft_by_depth(),
             "session_tok_s": percentiles(self.session_tok_s, (50,)),
         }

@@ -41,7 +41,7 @@ def delay_to(now: float, t: float) -> float:
 class Run:
     """`steps` steps of `seconds` each from `start`, and what each of them records."""
 
-    def __init__(self, start: float, seconds: float, steps: int, queue: int, kv_use: float,
+    def __init__(self, start: float, seconds: float, steps: int, queue: int, kv_used: np.ndarray,
                  stepped: np.ndarray | None = None) -> None:
         self.start, self.seconds, self.steps = start, seconds, steps
         self.stepped = stepped
@@ -50,8 +50,8 @@ class Run:
         times[0] = start
         self.ends: np.ndarray = np.cumsum(times)[1:]
         """Each step's end: the start plus the step time, added one step at a time."""
-        self.marks: list[tuple[int, int, float]] = [(0, queue, kv_use)]
-        """(first step, queue, KV use): what the steps from there on record."""
+        self.marks: list[tuple[int, int, np.ndarray]] = [(0, queue, kv_used)]
+        """(first step, queue, KV reserved per rank): what the steps from there on record."""
 
     @property
     def end(self) -> float:
@@ -61,18 +61,18 @@ class Run:
         """Steps that ended before `now`."""
         return int(np.searchsorted(self.ends, now, side="left"))
 
-    def mark(self, now: float, queue: int, kv_use: float) -> None:
-        """The instance's queue and KV use changed at `now`: the steps that start from then
-        on record these."""
-        self.marks.append((self.done_by(now) + 1, queue, kv_use))
+    def mark(self, now: float, queue: int, kv_used: np.ndarray) -> None:
+        """The instance's queue and KV reserved changed at `now`: the steps that start from
+        then on record these."""
+        self.marks.append((self.done_by(now) + 1, queue, kv_used))
 
-    def pieces(self, steps: int) -> list[tuple[float, int, int, float]]:
-        """The first `steps` steps as (time of the first, steps, queue, KV use), one piece per
-        mark that reaches them."""
+    def pieces(self, steps: int) -> list[tuple[float, int, int, int, np.ndarray]]:
+        """The first `steps` steps as (time of the first, its index, steps, queue, KV reserved
+        per rank), one piece per mark that reaches them."""
         out = []
-        for i, (first, queue, kv_use) in enumerate(self.marks):
+        for i, (first, queue, kv_used) in enumerate(self.marks):
             last = min(self.marks[i + 1][0] if i + 1 < len(self.marks) else steps, steps)
             if last > first:
                 t = self.start if first == 0 else float(self.ends[first - 1])
-                out.append((t, last - first, queue, kv_use))
+                out.append((t, first, last - first, queue, kv_used))
         return out

@@ -41,6 +41,7 @@ from simulator.des.prefix_cache import Holders, RankCaches, cached_tokens, rate_
 from simulator.des.pricing import StepPricer
 from simulator.des.replay import load_corpus
 from simulator.des.requests import RequestTable
+from simulator.des.slots import KV_ADMISSION
 from simulator.des.traces import Trace, read_trace
 from simulator.des.transfer import KvNetwork
 from simulator.resolve import resolve
@@ -177,7 +178,7 @@ class _Run:
                              {role: cost if cost is float else remembered(cost)
                               for role, cost in self.kv_costs.items()},
                              max(int(opts.dp_wait_every), 1), opts.macro_steps,
-                             opts.schedule_ahead)
+                             opts.schedule_ahead, KV_ADMISSION[deployment.engine])
         self._kv_bytes = remembered(lambda context: self.model.kv_bytes(
             context, p.kv_cache, p.indexer_cache))
         """KV bytes a request of a given context sends from prefill to decode."""
@@ -524,6 +525,8 @@ class _Run:
             session_tok_s=_session_speeds(t, done),
             host_loaded_tokens=int(t.host_loaded[:n][done].sum()),
             warmup_requests=int(t.warmup[:n].sum()),
+            preempted_requests=sum(e.preempted for es in self.engines.values() for e in es
+                                   if isinstance(e, DecodeEngine)),
         )
 
 

@@ -1,10 +1,13 @@
 """Continuous batching of decode requests on an instance's DP ranks, as numpy slot arrays.
 
 Each rank has `max_num_seqs` slots. A request routed to a rank waits in the rank's queue until a
-slot is free and the KV space of its whole context (prompt + all output) can be reserved; it
-holds both until it finishes, so no request is preempted. A reserved slot turns active once its
-KV is in place (after the KV transfer in P/D, after the prompt in an aggregated instance). One
-step advances every active slot of every rank at once.
+slot is free and its KV space can be reserved, by one of the admission kinds of KV_ADMISSION:
+"whole" reserves its whole context (prompt + all output) and holds it until it finishes, so no
+request is preempted; "optimistic" reserves what it holds when admitted (its prompt) and grows
+by what each step adds, and when a rank's KV runs out the requests admitted last give theirs
+back (`preempt`) and compute it again later. A reserved slot turns active once its KV is in
+place (after the KV transfer in P/D, after the prompt in an aggregated instance). One step
+advances every active slot of every rank at once.
 
 A slot keeps the steps it has decoded, not its running totals: its generated tokens and context
 are what it had when it turned active plus steps x `accepted`, so the same steps give the same
@@ -21,6 +24,17 @@ import numpy as np
 
 from simulator.des.kvpool import KvPool
 
+KV_ADMISSION: dict[str, str] = {"vllm": "optimistic", "sglang": "whole", "trtllm": "whole"}
+"""How an engine admits a request against its KV cache. vLLM's scheduler allocates KV blocks
+for the tokens a step computes, not for a request's future output, and when a running request
+cannot get its next block it preempts the running request admitted last (its blocks freed, put
+back at the head of the waiting queue, recomputed when it resumes): "optimistic". TensorRT-LLM's
+default capacity policy (GUARANTEED_NO_EVICT) reserves every request's whole length: "whole".
+SGLang admits against an estimate of the future tokens that starts near the whole and retracts
+a request only when decode runs out anyway: "whole" as the nearer of the two. Aggregated
+instances use it; P/D decode instances reserve the whole (a preempted decode request would have
+to be prefilled again on the decode instance)."""
+
 _NONE = np.zeros(0, dtype=np.int64)
 """No request ids."""
 
@@ -31,11 +45,19 @@ DONE_EPS = 1e-6
 class DecodeSlots:
     """Slot arrays of shape (ranks, max_num_seqs)."""
 
-    def __init__(self, ranks: int, max_seqs: int, kv: KvPool, accepted: float = 1.0) -> None:
+    def __init__(self, ranks: int, max_seqs: int, kv: KvPool, accepted: float = 1.0,
+                 admission: str = "whole") -> None:
         shape = (ranks, max_seqs)
         self.kv = kv
         self.accepted = accepted
         """Tokens an active slot gains per step (fractional: the expected MTP acceptance)."""
+        if admission not in ("whole", "optimistic"):
+            raise ValueError(f"admission {admission!r}: 'whole' or 'optimistic'")
+        self.optimistic = admission == "optimistic"
+        """Reserve what a request holds and grow it step by step (KV_ADMISSION)."""
+        self.admitted = np.zeros(shape)
+        """When each slot was reserved, in admissions on its rank (the last ones go first)."""
+        self._admissions = 0
         self.rid = np.full(shape, -1, dtype=np.int64)
         """Request id per slot; -1: free."""
         self.active = np.zeros(shape, dtype=bool)
@@ -53,8 +75,8 @@ class DecodeSlots:
         k x accepted >= target - DONE_EPS (set when it turns active)."""
         self.target = np.zeros(shape)
         self.reserved = np.zeros(shape)
-        """KV pool tokens each slot holds (the cost of its whole context), given back when it
-        finishes."""
+        """KV pool tokens each slot holds (the cost of its whole context; with optimistic
+        admission, of its context so far), given back when it finishes."""
         self.held = np.zeros(ranks, dtype=np.int64)
         """Slots reserved per rank (active or not)."""
         self.queues: list[deque[tuple[int, float, float]]] = [deque() for _ in range(ranks)]
@@ -95,10 +117,10 @@ class DecodeSlots:
         self._waiting += 1
 
     def reserve(self, rank: int, rid: int, context: float, output: float) -> int | None:
-        """Hold a free slot of `rank` and KV for the whole context; the slot, or None when
-        either is lacking."""
+        """Hold a free slot of `rank` and KV for the whole context (optimistic admission: for
+        `context`); the slot, or None when either is lacking."""
         free = self._free[rank]
-        need = context + output
+        need = context if self.optimistic else context + output
         if not free or not self.kv.fits(rank, need):
             return None
         slot = free.pop()
@@ -110,6 +132,8 @@ class DecodeSlots:
         self.target[rank, slot] = output
         self.reserved[rank, slot] = taken  # given back as is
         self.held[rank] += 1
+        self._admissions += 1
+        self.admitted[rank, slot] = self._admissions
         return slot
 
     def admit(self, rank: int) -> list[tuple[int, int]]:
@@ -205,13 +229,58 @@ class DecodeSlots:
             self.active[done] = False
             self.reserved[done] = 0.0
             ranks = [int(r) for r in np.flatnonzero(freed)]
+        self._regrow()
         return first, finished, ranks
 
+    def grown_after(self, stepped: np.ndarray, steps: int) -> np.ndarray:
+        """Per rank, the pool tokens the held slots have added (optimistic admission) after
+        `steps` more steps of the slots of mask `stepped`: each token a step adds takes one
+        more (the marginal KV of a context past the model's windows, `KvPool.cost`). Worked
+        out from the whole steps each slot has taken, so that k steps one at a time and k as
+        one run give the same floats."""
+        taken = self.steps + steps * stepped if steps else self.steps
+        out: np.ndarray = np.sum(taken * self.accepted, axis=1, where=self.rid >= 0)
+        return out
+
+    def _regrow(self) -> None:
+        if self.optimistic:
+            self.kv.grown[:] = self.grown_after(self.active, 0)
+
+    def steps_to_full(self, stepped: np.ndarray) -> int | None:
+        """With optimistic admission, steps of the slots of mask `stepped` that every rank's
+        KV holds (>= 1: the step that overflows a rank is the last of a run); None: any."""
+        if not self.optimistic:
+            return None
+        n = stepped.sum(axis=1) * self.accepted
+        room = (self.kv.capacity - self.kv.used - self.kv.grown) / np.where(n > 0, n, 1.0)
+        left = np.min(room, where=n > 0, initial=np.inf)
+        if left == np.inf:
+            return None
+        k = max(int(left), 1)  # then exact, in the arithmetic the overflow check uses
+        while k > 1 and (self.kv.used + self.grown_after(stepped, k) > self.kv.capacity).any():
+            k -= 1
+        return k
+
+    def preempt(self, rank: int) -> list[tuple[int, float]]:
+        """While `rank` holds more KV than it has, free the active slot admitted last (not
+        the last one left): (request id, output tokens it had) of each, in that order."""
+        out: list[tuple[int, float]] = []
+        while self.kv.used[rank] + self.kv.grown[rank] > self.kv.capacity:
+            live = self.active[rank]
+            if live.sum() <= 1:
+                break
+            slot = int(np.argmax(np.where(live, self.admitted[rank], -1.0)))
+            out.append((int(self.rid[rank, slot]), float(self.generated[rank, slot])))
+            self.finish_now(rank, slot)
+        return out
+
     def finish_now(self, rank: int, slot: int) -> None:
-        """Free a slot whose request needs no decode step (one output token, made by prefill)."""
+        """Free a slot whose request needs no decode step (one output token, made by prefill),
+        or that `preempt` takes back."""
         self.kv.release(rank, self.reserved[rank, slot])
         self.held[rank] -= 1
         self._free[rank].append(slot)
         self.rid[rank, slot] = -1
         self.active[rank, slot] = False
         self.reserved[rank, slot] = 0.0
+        self._regrow()

@@ -26,7 +26,7 @@ from simulator.des.kvpool import KvPool
 from simulator.des.prefix_cache import BlockLRU, cached_tokens
 from simulator.des.pricing import StepPricer, pareto_front, round_bits
 from simulator.des.sessions import to_runs
-from simulator.des.slots import DecodeSlots
+from simulator.des.slots import KV_ADMISSION, DecodeSlots
 from simulator.des.transfer import KvNetwork
 from simulator.specs.deployment import Deployment, RoleSpec, Speculative
 from simulator.specs.errors import SpecError
@@ -280,6 +280,50 @@ def test_full_decode_kv_makes_requests_wait_for_admission() -> None:
     assert tight.timelines["decode-0"].kv_use.max() <= 1.0
     assert tight.duration_s > roomy.duration_s
 
+
+
+def test_vllm_admits_on_the_prompt_and_preempts_the_last_admitted_when_kv_runs_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An aggregated vLLM instance whose KV holds every prompt but not every whole output admits
+    all users at once and, as outputs grow, gives the requests admitted last back to the prompt
+    queue to recompute (vLLM's preemption); reserving the whole length instead makes the later
+    users wait for admission. Both serve every token."""
+    mem = rank_memory(MODEL, H200, RoleSpec(dep=8), "fp8", "fp8")
+    util = (mem.weights + mem.activations + mem.reserve + 12_000 * mem.kv_bytes_per_token) / (
+        H200.hbm_bytes)
+    dep = Deployment(model="deepseek-v3", hardware="h200",
+                     aggregated=RoleSpec(dep=8, gpu_memory_utilization=round(util, 4)))
+    wl = closed(64, 64, 1000, 1000)  # 8 a rank: 8,000 prompt tokens fit, 16,000 do not
+    optimistic = simulate(dep, wl, expert_counts=UNIFORM)
+    monkeypatch.setitem(KV_ADMISSION, "vllm", "whole")
+    whole = simulate(dep, wl, expert_counts=UNIFORM)
+    m, w = optimistic.metrics(), whole.metrics()
+    assert optimistic.completed == whole.completed == 64
+    assert m["output_tokens"] == w["output_tokens"] == 64 * 1000
+    assert m["preempted_requests"] > 0 and w["preempted_requests"] == 0
+    assert m["kv_admission_wait_s"] < w["kv_admission_wait_s"]
+    assert m["ttft_ms"]["mean"] < w["ttft_ms"]["mean"]
+
+
+def test_optimistic_slots_grow_by_the_tokens_and_give_back_the_last_admitted() -> None:
+    kv = KvPool(1, 1_000, lambda: 0.0)
+    slots = DecodeSlots(1, 4, kv, admission="optimistic")
+    a, b, c = (slots.reserve(0, rid, 300, 500) for rid in (7, 8, 9))
+    assert None not in (a, b, c) and kv.used[0] == 900  # the prompts alone
+    for slot in (a, b):
+        assert slot is not None
+        slots.activate(0, slot, generated=1.0)
+    assert slots.steps_to_full(slots.active) == 50  # 100 tokens free, 2 a step
+    slots.advance(slots.active.copy(), None, steps=50)
+    assert kv.used[0] + kv.grown[0] == 1_000 and slots.preempt(0) == []
+    slots.advance(slots.active.copy(), None)
+    assert kv.used[0] == 900 and kv.grown[0] == 102 and kv.over().tolist() == [0]
+    assert slots.preempt(0) == [(8, 52.0)]  # admitted after 7; c is not decoding yet
+    assert (kv.used[0], kv.grown[0]) == (600, 51) and slots.active.sum() == 1
+    kv.used[0] += 1_000  # however full, the last decoding request keeps its KV
+    assert slots.preempt(0) == []
+    with pytest.raises(ValueError, match="'whole' or 'optimistic'"):
+        DecodeSlots(1, 4, kv, admission="lazy")
 
 def test_prefill_only_counts_prefill_gpus_and_one_output_token() -> None:
     dep = pd(prefill=RoleSpec(instances=2, dep=8))

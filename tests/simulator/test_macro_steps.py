@@ -50,6 +50,25 @@ def agentx_sample() -> tuple[Deployment, Workload]:
             wl.model_copy(update={"arrival": arrival}))
 
 
+def tight_vllm_aggregated() -> tuple[Deployment, Workload]:
+    """An aggregated vLLM DEP8 whose KV holds about 12,000 tokens a rank and two MTP tokens a
+    step: its 8 users a rank outgrow it, so it preempts (optimistic admission)."""
+    from simulator.cost.memory import rank_memory
+    from simulator.specs.hardware import load_hardware
+    from simulator.specs.model import load_model
+
+    h200, mtp = load_hardware("h200"), Speculative(tokens=2, acceptance=0.7)
+    mem = rank_memory(load_model("deepseek-v3"), h200, RoleSpec(dep=8, speculative=mtp), "fp8",
+                      "fp8")
+    util = (mem.weights + mem.activations + mem.reserve + 12_000 * mem.kv_bytes_per_token) / (
+        h200.hbm_bytes)
+    dep = Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(
+        dep=8, gpu_memory_utilization=round(util, 4), speculative=mtp))
+    return dep, Workload(arrival=ClosedArrival(concurrency=64), requests=160,
+                         input_tokens=uniform(500, 1500), output_tokens=uniform(500, 1500),
+                         seed=6)
+
+
 CASES: dict[str, tuple[Deployment, Workload]] = {
     "closed loop, P/D, MTP, two decode instances routed by tokens": (
         pd(RoleSpec(instances=2, dep=8),
@@ -79,6 +98,7 @@ CASES: dict[str, tuple[Deployment, Workload]] = {
                  input_tokens=uniform(500, 4000), output_tokens=uniform(10, 300),
                  mode="decode_only", seed=4)),
     "AgentX sample sessions on the V4 P/D deck": agentx_sample(),
+    "aggregated vLLM, MTP, KV outgrown: preemption": tight_vllm_aggregated(),
 }
 
 
@@ -120,6 +140,8 @@ def test_macro_steps_give_the_results_of_single_steps(case: str) -> None:
     macro, macro_events = counted(dep, wl)
     assert_same(single, macro)
     assert macro_events < single_events
+    if "preemption" in case:
+        assert macro.preempted_requests > 0
 
 
 def test_every_dp_wait_sampled_and_drawn_expert_loads() -> None:
@@ -159,17 +181,18 @@ def test_exact_sums_do_not_depend_on_order() -> None:
 
 
 def test_a_run_ends_and_records_its_steps_as_the_clock_would() -> None:
-    run = Run(0.1, 0.013, 5, queue=2, kv_use=0.25)
+    a, b, c = (np.array([x]) for x in (0.25, 0.5, 0.75))  # KV reserved on the one rank
+    run = Run(0.1, 0.013, 5, queue=2, kv_used=a)
     clock = [0.1]
     for _ in range(5):
         clock.append(clock[-1] + 0.013)
     assert run.ends.tolist() == clock[1:] and run.end == clock[-1]
     assert run.done_by(clock[2]) == 1  # a boundary's own time: the step before it ends there
     assert run.done_by((clock[2] + clock[3]) / 2) == 2
-    run.mark(0.1, 3, 0.5)  # at the run's start: its first step has recorded already
-    run.mark(clock[3], 4, 0.75)  # at a boundary: the step starting there records it
-    assert run.pieces(5) == [(0.1, 1, 2, 0.25), (clock[1], 2, 3, 0.5), (clock[3], 2, 4, 0.75)]
-    assert run.pieces(2) == [(0.1, 1, 2, 0.25), (clock[1], 1, 3, 0.5)]
+    run.mark(0.1, 3, b)  # at the run's start: its first step has recorded already
+    run.mark(clock[3], 4, c)  # at a boundary: the step starting there records it
+    assert run.pieces(5) == [(0.1, 0, 1, 2, a), (clock[1], 1, 2, 3, b), (clock[3], 3, 2, 4, c)]
+    assert run.pieces(2) == [(0.1, 0, 1, 2, a), (clock[1], 1, 1, 3, b)]
     for now, t in ((0.0, 1e-300), (1e-3, 0.3), (3.0, 3.0 + 1e-12), (0.1, 1e6)):
         d = delay_to(now, t)
         assert d >= 0 and now + d == t

@@ -23,6 +23,7 @@ CONTRACT = {
     "cache_hit_share", "host_loaded_tokens", "warmup_requests", "ttft_by_depth_ms",
     "session_tok_s",
     "prefill_computed_tok_s_gpu",  # uncached (computed) input tokens / prefill GPUs
+    "preempted_requests",  # running requests whose KV an instance took back (vLLM)
 }
 
 

@@ -256,6 +256,44 @@ def measured_with_mtp(row: pd.Series, mtp_layers: int) -> bool:
                and (not when or row.measured_day == when) for backend, version, when in MTP_RUNS)
 
 
+KV_AUTO_BF16: dict[tuple[str, str, str, str], tuple[str, ...] | None] = {
+    ("vllm", "openai/gpt-oss-120b", "fp4", "h100_sxm"): None,
+    ("vllm", "openai/gpt-oss-120b", "fp4", "h200_sxm"): None,
+    ("vllm", "MiniMaxAI/MiniMax-M2.5", "fp8", "h100_sxm"): None,
+    ("vllm", "MiniMaxAI/MiniMax-M2.5", "fp8", "h200_sxm"): None,
+    ("vllm", "MiniMaxAI/MiniMax-M2.5", "fp8", "b200_sxm"): ("0.17.0",),
+    ("vllm", "moonshotai/Kimi-K2.5", "int4", "b200_sxm"): None,
+    ("vllm", "moonshotai/Kimi-K2.5", "int4", "h200_sxm"): None,
+    ("sglang", "deepseek-ai/DeepSeek-R1", "fp8", "h200_sxm"): None,
+    ("sglang", "deepseek-ai/DeepSeek-V3", "fp8", "h200_sxm"): None,
+    ("sglang", "zhipuai/GLM-5", "fp8", "h200_sxm"): None,
+    ("trtllm", "openai/gpt-oss-120b", "fp4", "h200_sxm"): None,
+}
+"""Aggregated rows whose single-node InferenceX recipe leaves the KV cache's dtype to the engine
+(vLLM's and SGLang's `auto`, TensorRT-LLM's `dtype: auto`) on a checkpoint that carries no KV
+quantization, so the cache is bf16 (SGLang's `auto` is bf16 for GLM-5's sparse attention on
+Hopper, fp8 from Blackwell on): (backend, model, precision, system) -> the backend versions it
+applies to (None: all). Read from the recipes in effect when the rows were measured (2026-03 to
+2026-04: `benchmarks/single_node/gptoss_fp4_h100.sh`, `minimaxm2.5_fp8_h200.sh`,
+`dsr1_fp8_h200.sh`, `glm5_fp8_h200.sh`, `gptoss_fp4_h200_trt.sh`, ...); MiniMax-M2.5's B200 fp8
+recipe passed `--kv-cache-dtype fp8` from its move to vLLM 0.19.0 on, not on 0.17.0. Every other
+quantized row's recipe sets an fp8 cache (or its recipe is not known: the general rule, fp8)."""
+
+
+def kv_cache_dtype(row: pd.Series, weights: str) -> str:
+    """The KV cache's dtype a row ran with: bf16 with bf16 weights or where its recipe leaves
+    it to the engine on a checkpoint without KV quantization (KV_AUTO_BF16; P/D rows' multi-node
+    recipes are not read), else fp8."""
+    if weights == "bf16":
+        return "bf16"
+    key = (str(row.backend), str(row.model_path), str(row.precision), str(row.system))
+    if row["mode"] == "agg" and key in KV_AUTO_BF16:
+        versions = KV_AUTO_BF16[key]
+        if versions is None or str(row.backend_version) in versions:
+            return "bf16"
+    return "fp8"
+
+
 def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurrency: float,
               moe: bool, drafts: bool = False) -> RoleSpec:
     """One role's layout from its columns (`prefix` is "", "prefill_" or "decode_")."""
@@ -283,7 +321,7 @@ def case_from_row(row: pd.Series) -> Case:
     weights = next((WEIGHTS[q] for q in quant if q in WEIGHTS), "bf16" if not quant else None)
     if weights is None:
         raise SpecError(f"precision {quant[0]} not modelled")
-    precision = {"weights": weights, "kv_cache": "bf16" if weights == "bf16" else "fp8"}
+    precision = {"weights": weights, "kv_cache": kv_cache_dtype(row, weights)}
     isl, osl = int(row.isl), int(row.osl)
     base: dict[str, Any] = {"model": model_ref, "hardware": SYSTEMS[row.system],
                             "engine": row.backend, "precision": precision}

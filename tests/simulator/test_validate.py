@@ -14,7 +14,14 @@ import pytest
 from executor.backends.procs import alive
 from planner.cli import main
 from simulator.specs.errors import SpecError
-from simulator.validate import case_from_row, is_moe_model, load_rows, summarize, validate
+from simulator.validate import (
+    case_from_row,
+    is_moe_model,
+    kv_cache_dtype,
+    load_rows,
+    summarize,
+    validate,
+)
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +247,30 @@ def test_vllm_attention_dp_rows_run_on_the_gpus_their_ids_name(rows):
     assert (row.tp_size, row.attention_dp_size, row.moe_ep_size) == (4, 4, 16)
     agg = case_from_row(row).deployment.aggregated
     assert agg is not None and agg.dep == 4 and agg.tp in (None, 1) and agg.max_num_seqs == 1
+
+
+def test_rows_keep_the_kv_cache_dtype_their_recipes_ran(rows):
+    """A recipe that leaves the KV cache to the engine on a checkpoint without KV quantization
+    ran a bf16 cache (vLLM's gpt-oss on H100; MiniMax-M2.5 on B200 before its recipe set fp8
+    with vLLM 0.19.0); quantized rows whose recipes set fp8 keep fp8, as do P/D rows."""
+    def kv(**match: object) -> str:
+        sel = rows
+        for k, v in match.items():
+            sel = sel[sel[k] == v]
+        return case_from_row(sel.iloc[0]).deployment.precision.kv_cache
+
+    assert kv(backend="vllm", model_path="openai/gpt-oss-120b", system="h100_sxm") == "bf16"
+    minimax = {"backend": "vllm", "model_path": "MiniMaxAI/MiniMax-M2.5", "precision": "fp8",
+               "system": "b200_sxm"}
+    assert kv(**minimax, backend_version="0.17.0") == "bf16"
+    assert kv(**minimax, backend_version="0.19.0") == "fp8"
+    assert kv(backend="vllm", model_path="openai/gpt-oss-120b", system="b200_sxm") == "fp8"
+    dsr1 = {"backend": "sglang", "model_path": "deepseek-ai/DeepSeek-R1", "precision": "fp8",
+            "system": "h200_sxm"}
+    assert kv(**dsr1, mode="agg") == "bf16"
+    pd_row = rows[(rows.backend == "sglang") & (rows.model_path == dsr1["model_path"])
+                  & (rows.system == "h200_sxm") & (rows["mode"] == "disagg")].iloc[0]
+    assert kv_cache_dtype(pd_row, "fp8") == "fp8"  # its multi-node recipe is not read
 
 def test_tensorrt_llm_rows_batch_a_whole_prompt_as_its_recipes_do(rows):
     row = rows[(rows.backend == "trtllm") & (rows["mode"] == "agg") & (rows.isl == 8192)

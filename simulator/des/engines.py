@@ -264,9 +264,10 @@ class Engine:
             if not grows:
                 out.append((t, n, queue, self.kv.use_of(used, self.kv.grown)))
                 continue
-            for j in range(first, first + n):
+            uses = self.kv.uses_of(used, self._grown_over(plan, first, n))
+            for j, use in zip(range(first, first + n), uses, strict=True):
                 at = run.start if j == 0 else float(run.ends[j - 1])
-                out.append((at, 1, queue, self.kv.use_of(used, self._grown_at(plan, j))))
+                out.append((at, 1, queue, use))
         return out
 
     def _grows(self, plan: StepPlan) -> bool:
@@ -274,10 +275,10 @@ class Engine:
         admission)."""
         return False
 
-    def _grown_at(self, plan: StepPlan, steps: int) -> np.ndarray:
-        """Per rank, the KV the admitted requests have grown by after `steps` steps of a run
-        of `plan`."""
-        return self.kv.grown
+    def _grown_over(self, plan: StepPlan, first: int, steps: int) -> np.ndarray:
+        """Per rank (a row for each of `steps` steps of a run of `plan` from step `first`
+        on), the KV the admitted requests have grown by at that step's start."""
+        return np.broadcast_to(self.kv.grown, (steps, len(self.kv.grown)))
 
     def price(self, plan: StepPlan) -> StepTime:
         """Price one step of `plan` and record it, as starting now."""
@@ -608,9 +609,9 @@ class DecodeEngine(Engine):
     def _grows(self, plan: StepPlan) -> bool:
         return self.slots.optimistic and plan.stepped is not None
 
-    def _grown_at(self, plan: StepPlan, steps: int) -> np.ndarray:
+    def _grown_over(self, plan: StepPlan, first: int, steps: int) -> np.ndarray:
         assert plan.stepped is not None
-        return self.slots.grown_after(plan.stepped, steps)
+        return self.slots.grown_over(plan.stepped, first, steps)
 
     def repeats(self, plan: StepPlan) -> int:
         """Decode-only steps without a first token go as a run while no request finishes

@@ -73,3 +73,9 @@ class KvPool:
     def use_of(self, used: np.ndarray, grown: np.ndarray) -> float:
         """`use` had the ranks reserved `used` and grown `grown`."""
         return float((used + grown).sum() / max(self.capacity * len(used), 1))
+
+    def uses_of(self, used: np.ndarray, grown: np.ndarray) -> list[float]:
+        """`use_of(used, row)` for each row of `grown`, in the same arithmetic."""
+        out: list[float] = ((used[None] + grown).sum(axis=1)
+                            / max(self.capacity * len(used), 1)).tolist()
+        return out

@@ -242,6 +242,14 @@ class DecodeSlots:
         out: np.ndarray = np.sum(taken * self.accepted, axis=1, where=self.rid >= 0)
         return out
 
+    def grown_over(self, stepped: np.ndarray, first: int, steps: int) -> np.ndarray:
+        """`grown_after(stepped, k)` for k = first .. first + steps - 1, one row each, in the
+        same arithmetic (each row's sum over a rank's slots is the one `grown_after` takes)."""
+        k = np.arange(first, first + steps, dtype=float)[:, None, None]
+        taken = self.steps[None] + k * stepped[None]
+        out: np.ndarray = np.sum(taken * self.accepted, axis=2, where=(self.rid >= 0)[None])
+        return out
+
     def _regrow(self) -> None:
         if self.optimistic:
             self.kv.grown[:] = self.grown_after(self.active, 0)

@@ -254,20 +254,15 @@ class Engine:
             self._run.mark(self.env.now, self.waiting(), self.kv.used.copy())
 
     def _pieces(self, plan: StepPlan, run: Run, steps: int
-                ) -> list[tuple[float, int, int, float]]:
+                ) -> list[tuple[float, int, int, float | np.ndarray]]:
         """The first `steps` steps of `run` as `_record` takes them: (time of the first, steps,
-        queue, KV use), a piece per mark; a step each where the KV grows step by step, each
-        with the use a step taken alone records at its start."""
+        queue, KV use), a piece per mark; where the KV grows step by step, the use of each step
+        of the piece, as a step taken alone records it at its start."""
         grows = self._grows(plan)
-        out: list[tuple[float, int, int, float]] = []
+        out: list[tuple[float, int, int, float | np.ndarray]] = []
         for t, first, n, queue, used in run.pieces(steps):
-            if not grows:
-                out.append((t, n, queue, self.kv.use_of(used, self.kv.grown)))
-                continue
-            uses = self.kv.uses_of(used, self._grown_over(plan, first, n))
-            for j, use in zip(range(first, first + n), uses, strict=True):
-                at = run.start if j == 0 else float(run.ends[j - 1])
-                out.append((at, 1, queue, use))
+            out.append((t, n, queue, self.kv.uses_of(used, self._grown_over(plan, first, n))
+                        if grows else self.kv.use_of(used, self.kv.grown)))
         return out
 
     def _grows(self, plan: StepPlan) -> bool:
@@ -298,7 +293,8 @@ class Engine:
         return st, tokens, imb
 
     def _record(self, plan: StepPlan, cost: tuple[StepTime, float, float | None],
-                pieces: Sequence[tuple[float, int, int, float]], every: float) -> None:
+                pieces: Sequence[tuple[float, int, int, float | np.ndarray]],
+                every: float) -> None:
         """Record steps of `plan` priced `cost`, as `pieces`: (time of the first, steps, queue,
         KV use), each step `every` seconds after the one before."""
         st, tokens, imb = cost

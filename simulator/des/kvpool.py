@@ -74,8 +74,7 @@ class KvPool:
         """`use` had the ranks reserved `used` and grown `grown`."""
         return float((used + grown).sum() / max(self.capacity * len(used), 1))
 
-    def uses_of(self, used: np.ndarray, grown: np.ndarray) -> list[float]:
+    def uses_of(self, used: np.ndarray, grown: np.ndarray) -> np.ndarray:
         """`use_of(used, row)` for each row of `grown`, in the same arithmetic."""
-        out: list[float] = ((used[None] + grown).sum(axis=1)
-                            / max(self.capacity * len(used), 1)).tolist()
+        out: np.ndarray = (used[None] + grown).sum(axis=1) / max(self.capacity * len(used), 1)
         return out

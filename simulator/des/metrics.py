@@ -113,15 +113,23 @@ class Recorder:
         """Instance -> (wait GPU-ms of its sampled steps, [sampled steps, steps])."""
         self._itl: dict[float, int] = {}
         """Decode step seconds -> requests that waited that long for an output token."""
+        self._kv_steps: dict[str, dict[int, np.ndarray]] = {}
+        """Instance -> index of an entry of its points -> the KV use of each of its steps (where
+        it grows step by step)."""
         self.steps = 0
 
-    def step(self, name: str, t: float, queue: int, batch: int, kv_use: float,
+    def step(self, name: str, t: float, queue: int, batch: int, kv_use: float | np.ndarray,
              st: StepTime, ranks: int, steps: int = 1, every: float = 0.0) -> None:
         """`steps` steps of instance `name` (of `ranks` ranks) priced `st`, the first at `t` and
         each of the others `every` seconds after the one before, each with `queue` requests
-        waiting, `batch` in the step and `kv_use` of the KV space reserved."""
+        waiting, `batch` in the step and `kv_use` of the KV space in use (or one for each
+        step)."""
         self.steps += steps
-        self._points.setdefault(name, []).append((t, queue, batch, kv_use, steps, every))
+        points = self._points.setdefault(name, [])
+        if isinstance(kv_use, np.ndarray):
+            self._kv_steps.setdefault(name, {})[len(points)] = kv_use
+            kv_use = 0.0
+        points.append((t, queue, batch, kv_use, steps, every))
         busy = self._busy.get((id(st), ranks))
         if busy is None:
             self._busy[(id(st), ranks)] = [st, ranks, steps]
@@ -196,8 +204,10 @@ class Recorder:
             for i in range(1, int(steps.max(initial=1))):  # later points: one more `every`
                 at = first[steps > i] + i
                 time[at] = time[at - 1] + a[at, 5]
-            out[name] = Timeline(time, a[:, 1].astype(np.int64), a[:, 2].astype(np.int64),
-                                 a[:, 3])
+            kv = a[:, 3].copy()
+            for entry, uses in self._kv_steps.get(name, {}).items():
+                kv[first[entry]:first[entry] + len(uses)] = uses
+            out[name] = Timeline(time, a[:, 1].astype(np.int64), a[:, 2].astype(np.int64), kv)
         return out
 
 

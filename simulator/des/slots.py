@@ -264,9 +264,11 @@ class DecodeSlots:
         left = np.min(room, where=n > 0, initial=np.inf)
         if left == np.inf:
             return None
-        k = max(int(left), 1)  # then exact, in the arithmetic the overflow check uses
+        k = max(int(left), 1)
+        if left - int(left) > 1e-6:  # clear of a whole step: rounding cannot move the overflow
+            return k
         while k > 1 and (self.kv.used + self.grown_after(stepped, k) > self.kv.capacity).any():
-            k -= 1
+            k -= 1  # exact, in the arithmetic the overflow check uses
         return k
 
     def preempt(self, rank: int) -> list[tuple[int, float]]:

@@ -194,8 +194,23 @@ carry that recipe's ids (`dsr1_...`: the same architecture and checkpoint size).
 row keeps the default 0.9."""
 
 
+PROMPT_SIZED_BATCHES: dict[tuple[str, str, str], tuple[str, ...]] = {
+    ("vllm", "MiniMaxAI/MiniMax-M2.5", "b200_sxm"): ("0.17.0",),
+    ("vllm", "MiniMaxAI/MiniMax-M2.5", "b300_sxm"): ("0.17.0",),
+}
+"""Aggregated rows whose recipe passes --max-num-batched-tokens of twice the prompt length:
+(backend, model, system) -> the backend versions measured before it did. MiniMax-M2.5's vLLM
+B200 recipe (`benchmarks/single_node/minimaxm2.5_fp8_b200.sh`) set it on 2026-04-03 with its
+move from vLLM 0.17.0 to 0.19.0; its fp4 (2026-04-08) and B300 recipes (2026-04-17) set it from
+their start. Every other row takes `batched_tokens`."""
+
+
 def _recipe(row: pd.Series, role: RoleSpec) -> RoleSpec:
-    """`role` with what the row's recipe sets (RECIPES) in place of the general rules."""
+    """`role` with what the row's recipe sets (RECIPES, PROMPT_SIZED_BATCHES) in place of the
+    general rules."""
+    before = PROMPT_SIZED_BATCHES.get((row.backend, row.model_path, row.system))
+    if before is not None and str(row.backend_version) not in before:
+        role = role.model_copy(update={"max_num_batched_tokens": int(2 * row.isl)})
     got = RECIPES.get((row.backend, row.model_path, str(row.precision), row.system,
                        role.tp or 1)) if role.dep is None else None
     if got is None:

@@ -277,9 +277,21 @@ def test_tensorrt_llm_rows_batch_a_whole_prompt_as_its_recipes_do(rows):
                & (rows.concurrency == 256)].iloc[0]
     agg = case_from_row(row).deployment.aggregated
     assert agg is not None and agg.max_num_batched_tokens == 8512  # 256 + 8192 + 64, by 64
-    vllm = rows[(rows.backend == "vllm") & (rows["mode"] == "agg") & (rows.isl == 1024)].iloc[0]
+    vllm = rows[(rows.backend == "vllm") & (rows["mode"] == "agg") & (rows.isl == 1024)
+                & (rows.model_path != "MiniMaxAI/MiniMax-M2.5")].iloc[0]
     other = case_from_row(vllm).deployment.aggregated
     assert other is not None and other.max_num_batched_tokens == 8192
+
+
+def test_minimax_vllm_rows_batch_twice_the_prompt_from_vllm_0_19_on(rows):
+    """MiniMax-M2.5's vLLM B200 recipe passes --max-num-batched-tokens of 2 x ISL since its move
+    to vLLM 0.19.0; the rows measured on 0.17.0 keep the default."""
+    mm = rows[(rows.backend == "vllm") & (rows.model_path == "MiniMaxAI/MiniMax-M2.5")
+              & (rows.system == "b200_sxm") & (rows["mode"] == "agg") & (rows.isl == 1024)]
+    new = case_from_row(mm[mm.backend_version == "0.19.0"].iloc[0]).deployment.aggregated
+    old = case_from_row(mm[mm.backend_version == "0.17.0"].iloc[0]).deployment.aggregated
+    assert new is not None and new.max_num_batched_tokens == 2048
+    assert old is not None and old.max_num_batched_tokens == 8192
 
 
 def test_rows_of_mtp_runs_decode_speculatively_as_their_recipes_did(rows):

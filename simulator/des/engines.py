@@ -258,22 +258,18 @@ class Engine:
         """The first `steps` steps of `run` as `_record` takes them: (time of the first, steps,
         queue, KV use), a piece per mark; where the KV grows step by step, the use of each step
         of the piece, as a step taken alone records it at its start."""
-        grows = self._grows(plan)
         out: list[tuple[float, int, int, float | np.ndarray]] = []
         for t, first, n, queue, used in run.pieces(steps):
-            out.append((t, n, queue, self.kv.uses_of(used, self._grown_over(plan, first, n))
-                        if grows else self.kv.use_of(used, self.kv.grown)))
+            grown = self._grown_over(plan, first, n)
+            out.append((t, n, queue, self.kv.use_of(used, self.kv.grown) if grown is None
+                        else self.kv.uses_of(used, grown)))
         return out
 
-    def _grows(self, plan: StepPlan) -> bool:
-        """Whether the KV in use grows step by step in a run of `plan` (optimistic
-        admission)."""
-        return False
-
-    def _grown_over(self, plan: StepPlan, first: int, steps: int) -> np.ndarray:
+    def _grown_over(self, plan: StepPlan, first: int, steps: int) -> np.ndarray | None:
         """Per rank (a row for each of `steps` steps of a run of `plan` from step `first`
-        on), the KV the admitted requests have grown by at that step's start."""
-        return np.broadcast_to(self.kv.grown, (steps, len(self.kv.grown)))
+        on), the KV the admitted requests have grown by at that step's start; None where the
+        KV in use does not grow step by step (it does under optimistic admission)."""
+        return None
 
     def price(self, plan: StepPlan) -> StepTime:
         """Price one step of `plan` and record it, as starting now."""
@@ -548,8 +544,6 @@ class DecodeEngine(Engine):
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
         self.accepted = pricer.accepted_per_request
         self.slots = DecodeSlots(self.dp, spec.max_num_seqs, self.kv, self.accepted, admission)
-        self.preempted = 0
-        """Requests whose KV this instance took back to make room (optimistic admission)."""
         self._zeros = np.zeros(self.dp)
         self._zeros.flags.writeable = False  # the prefill part of every decode-only plan
         self._tail = np.zeros((self.dp, spec.max_num_seqs))
@@ -602,11 +596,9 @@ class DecodeEngine(Engine):
     def _snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         return self.slots.active.copy(), self.slots.fresh.copy()
 
-    def _grows(self, plan: StepPlan) -> bool:
-        return self.slots.optimistic and plan.stepped is not None
-
-    def _grown_over(self, plan: StepPlan, first: int, steps: int) -> np.ndarray:
-        assert plan.stepped is not None
+    def _grown_over(self, plan: StepPlan, first: int, steps: int) -> np.ndarray | None:
+        if not self.slots.optimistic or plan.stepped is None:
+            return None
         return self.slots.grown_over(plan.stepped, first, steps)
 
     def repeats(self, plan: StepPlan) -> int:
@@ -662,6 +654,8 @@ class AggregatedEngine(DecodeEngine):
         """Steps new prompts have been held for the other DP ranks (attention_dp_balance)."""
         self._resumed: dict[int, float] = {}
         """Preempted requests queued to compute their KV again: id -> output tokens they had."""
+        self.preempted = 0
+        """Requests whose KV this instance took back to make room (optimistic admission)."""
 
     def take_prompt(self, rid: int, rank: int | None = None) -> None:
         """A request to prefill (and then decode) here (on `rank`, or the least busy)."""

@@ -71,8 +71,8 @@ class KvPool:
         return out
 
     def use_of(self, used: np.ndarray, grown: np.ndarray) -> float:
-        """`use` had the ranks reserved `used` and grown `grown`."""
-        return float((used + grown).sum() / max(self.capacity * len(used), 1))
+        """`use` had the ranks reserved `used` and grown `grown` (`uses_of`'s arithmetic)."""
+        return float(self.uses_of(used, grown[None])[0])
 
     def uses_of(self, used: np.ndarray, grown: np.ndarray) -> np.ndarray:
         """`use_of(used, row)` for each row of `grown`, in the same arithmetic."""

@@ -526,7 +526,7 @@ class _Run:
             host_loaded_tokens=int(t.host_loaded[:n][done].sum()),
             warmup_requests=int(t.warmup[:n].sum()),
             preempted_requests=sum(e.preempted for es in self.engines.values() for e in es
-                                   if isinstance(e, DecodeEngine)),
+                                   if isinstance(e, AggregatedEngine)),
         )
 
 

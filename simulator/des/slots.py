@@ -238,13 +238,11 @@ class DecodeSlots:
         more (the marginal KV of a context past the model's windows, `KvPool.cost`). Worked
         out from the whole steps each slot has taken, so that k steps one at a time and k as
         one run give the same floats."""
-        taken = self.steps + steps * stepped if steps else self.steps
-        out: np.ndarray = np.sum(taken * self.accepted, axis=1, where=self.rid >= 0)
+        out: np.ndarray = self.grown_over(stepped, steps, 1)[0]
         return out
 
     def grown_over(self, stepped: np.ndarray, first: int, steps: int) -> np.ndarray:
-        """`grown_after(stepped, k)` for k = first .. first + steps - 1, one row each, in the
-        same arithmetic (each row's sum over a rank's slots is the one `grown_after` takes)."""
+        """`grown_after(stepped, k)` for k = first .. first + steps - 1, one row each."""
         k = np.arange(first, first + steps, dtype=float)[:, None, None]
         taken = self.steps[None] + k * stepped[None]
         out: np.ndarray = np.sum(taken * self.accepted, axis=2, where=(self.rid >= 0)[None])

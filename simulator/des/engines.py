@@ -33,7 +33,7 @@ from simulator.des.metrics import Recorder
 from simulator.des.prefix_cache import RankCaches, cached_tokens, rate_cached_tokens
 from simulator.des.pricing import StepPricer
 from simulator.des.requests import RequestTable
-from simulator.des.runs import MAX_RUN, Run, delay_to
+from simulator.des.runs import MAX_RUN, Run, delay_to, hops_to
 from simulator.des.slots import DONE_EPS, DecodeSlots
 from simulator.specs.deployment import ADP_BALANCE_TIMEOUT_STEPS, RoleSpec
 
@@ -152,12 +152,14 @@ class Engine:
         self._step_end = run.end
         self._interruptible = True
         try:
-            yield self.env.timeout(delay_to(self.env.now, run.end))
+            for d in hops_to(self.env.now, run.end):
+                yield self.env.timeout(d)
         except simpy.Interrupt:
             now = self.env.now
             steps = run.done_by(now) + 1  # those that ended before now, and the one running
             if run.ends[steps - 1] > now:
-                yield self.env.timeout(delay_to(now, float(run.ends[steps - 1])))
+                for d in hops_to(now, float(run.ends[steps - 1])):
+                    yield self.env.timeout(d)
         self._interruptible, self._run = False, None
         self._record(plan, cost, self._pieces(plan, run, steps), seconds)
         self.apply(plan, seconds, steps)
@@ -199,7 +201,15 @@ class Engine:
         if at <= now and not self.shared.schedule_ahead:
             arrive()
             return
-        self.env.timeout(delay_to(now, max(at, now))).callbacks.append(lambda _: arrive())
+        self._call_at(max(at, now), arrive)
+
+    def _call_at(self, t: float, fn: Callable[[], None]) -> None:
+        """Call `fn` when the clock reads exactly `t` (>= now), in a second hop where no
+        delay from now lands on it (`hops_to`)."""
+        now = self.env.now
+        d = delay_to(now, t)
+        self.env.timeout(d).callbacks.append(
+            (lambda _: fn()) if now + d >= t else (lambda _: self._call_at(t, fn)))
 
     # ---- SGLang's --scheduler-recv-interval -----------------------------------------------
 
@@ -217,8 +227,7 @@ class Engine:
             j += self._recv_every
         if j < run.steps:
             boundary = float(run.ends[j])
-            self.env.timeout(delay_to(now, boundary)).callbacks.append(
-                lambda _: self._take_in(boundary))
+            self._call_at(boundary, lambda: self._take_in(boundary))
 
     def _take_in(self, boundary: float) -> None:
         """The scheduler takes in, at `boundary`, what came by then."""

@@ -29,13 +29,27 @@ MAX_RUN = 256
 
 
 def delay_to(now: float, t: float) -> float:
-    """The delay d >= 0 for which the clock's `now + d` is exactly `t` (>= now)."""
+    """The largest delay d >= 0 for which the clock's `now + d` is at most `t` (>= now): `t`
+    exactly, except where every sum from `now` rounds past it (0.0977... + d skips 0.2329...
+    between two neighbouring d); `hops_to` lands there in two."""
     d = t - now
     while now + d < t:
         d = math.nextafter(d, math.inf)
     while d > 0 and now + d > t:
         d = math.nextafter(d, 0.0)
     return d
+
+
+def hops_to(now: float, t: float) -> list[float]:
+    """Delays whose timeouts, one after another from `now`, put the clock at exactly `t`
+    (>= now): one, or a second from just below `t`, where `t` minus the clock is exact
+    (Sterbenz: the two are within a factor of 2)."""
+    hops, at = [], now
+    while at < t and len(hops) < 3:
+        d = delay_to(at, t)
+        hops.append(d)
+        at = at + d
+    return hops or [0.0]
 
 
 class Run:

@@ -15,7 +15,7 @@ import simpy
 from simulator.des import SimOptions, SimResult, simulate
 from simulator.des.kvpool import KvPool
 from simulator.des.metrics import ExactSum
-from simulator.des.runs import Run, delay_to
+from simulator.des.runs import Run, delay_to, hops_to
 from simulator.des.slots import DecodeSlots
 from simulator.specs.deployment import Deployment, RoleSpec, Speculative
 from simulator.specs.loading import load_deployment, load_workload
@@ -196,6 +196,13 @@ def test_a_run_ends_and_records_its_steps_as_the_clock_would() -> None:
     for now, t in ((0.0, 1e-300), (1e-3, 0.3), (3.0, 3.0 + 1e-12), (0.1, 1e6)):
         d = delay_to(now, t)
         assert d >= 0 and now + d == t
+    # no delay from 0.0977... lands on 0.2329...: the sums skip it; a second hop does
+    now, t = 0.09773971578057337, 0.23291901197509332
+    assert now + delay_to(now, t) < t < now + math.nextafter(delay_to(now, t), 1.0)
+    clock = now
+    for d in hops_to(now, t):
+        clock += d
+    assert clock == t and len(hops_to(now, t)) == 2
 
 
 @pytest.mark.parametrize("accepted", [1.0, 1.8, 2.41])

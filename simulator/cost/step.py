@@ -7,6 +7,8 @@ slowest rank costs, and the MoE costs what the most-loaded EP rank costs.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -686,8 +688,36 @@ def _routed(inst: Instance, cal: Calibration, received: float, decode_only: bool
                               m.n_routed_experts, ep, expert_dtype,
                               inst.all2all == "deepep_low_latency")
     # every rank sees every token (TP, or all-gather EP)
-    return cal.moe(group_tokens, m.hidden, m.moe_intermediate, m.top_k, m.n_routed_experts,
-                   ep, expert_dtype, tp=inst.moe_tp)
+    def table(group: float) -> Priced:
+        return cal.moe(group, m.hidden, m.moe_intermediate, m.top_k, m.n_routed_experts, ep,
+                       expert_dtype, tp=inst.moe_tp)
+
+    return routed_at_random(table, group_tokens, m.n_routed_experts / m.top_k)
+
+
+def routed_at_random(table: Callable[[float], Priced], group: float,
+                     saturation: float) -> Priced:
+    """The expert GEMMs of a group of `group` tokens that the model's gate routes, priced from
+    a table measured with balanced routing.
+
+    The MoE tables route their tokens `balanced`: `saturation` tokens (experts / top-k) give
+    every expert exactly one token, fewer give `group x top-k` experts one each, so below
+    saturation a table point reads as many experts' weights as it has assignments. A gate
+    routes at random: `group` tokens leave an expected share 1 - exp(-group / saturation) of
+    the experts a token (the roofline's count, `roofline.moe`), so a decode step of 32 gpt-oss
+    tokens (128 experts, top 4) reads 63 % of its experts where the table's 32 tokens read them
+    all. The price is the table's at the balanced group that touches as many experts, plus
+    what the table adds for tokens past saturation (their compute):
+    f(group) - f(min(group, saturation)) + f(touched). A roofline price (no table) counts the
+    random routing itself and is kept."""
+    whole = table(group)
+    if whole.table == "roofline" or group >= 16 * saturation:  # exp(-16): nothing to move
+        return whole
+    touched = saturation * -math.expm1(-group / saturation)
+    knee, reads = table(min(group, saturation)), table(touched)
+    ms = np.maximum(whole.ms - knee.ms, 0.0) + reads.ms
+    worst = Priced.total([whole, knee, reads])  # the least trustworthy of the three points
+    return Priced(ms, worst.source, whole.table, worst.codes)
 
 
 def _charge_parts(led: _Ledger, category: str, prefix: str, total: float) -> None:

@@ -248,3 +248,31 @@ def test_shared_experts_beside_a_deepep_exchange_follow_each_engine(engine, redu
     gathered = Instance(DSV3, H200, "decode", 8, True, redundant_experts=redundant,
                         all2all="allgather_reducescatter")
     assert shared_stream(gathered, engine, 64, True)
+
+
+def test_routed_experts_read_the_experts_a_random_gate_touches_not_a_balanced_table_s():
+    """The MoE tables route balanced: 32 gpt-oss tokens (128 experts, top 4) give every expert
+    one token. A gate's random routing leaves 1 - exp(-1) of them a token: the step reads the
+    table where a balanced group touches as many experts, and a prefill-sized group keeps the
+    table's own price."""
+    from simulator.cost.step import routed_at_random
+    oss = load_calibration(H200, "vllm")
+
+    def table(group: float):
+        return oss.moe(group, 2880, 2880, 4, 128, 1, "fp4")
+
+    saturation = 128 / 4
+    decode = routed_at_random(table, 32.0, saturation)
+    touched = saturation * (1 - np.exp(-1.0))
+    assert decode.ms[0] == pytest.approx(table(touched).ms[0])
+    assert decode.ms[0] < 0.75 * table(32.0).ms[0]
+    past = routed_at_random(table, 64.0, saturation)  # the tokens past saturation still count
+    assert past.ms[0] == pytest.approx(table(64.0).ms[0] - table(32.0).ms[0]
+                                       + table(saturation * (1 - np.exp(-2.0))).ms[0])
+    assert routed_at_random(table, 8192.0, saturation).ms[0] == table(8192.0).ms[0]
+    # priced tokens only grow the price
+    prices = [routed_at_random(table, g, saturation).ms[0] for g in (1, 4, 16, 32, 64, 512)]
+    assert prices == sorted(prices)
+    roof = load_calibration(load_hardware("cpu"), "vllm")
+    cpu = routed_at_random(lambda g: roof.moe(g, 2880, 2880, 4, 128, 1, "fp4"), 32.0, saturation)
+    assert cpu.ms[0] == roof.moe(32.0, 2880, 2880, 4, 128, 1, "fp4").ms[0]

@@ -44,7 +44,8 @@ def hops_to(now: float, t: float) -> list[float]:
     """Delays whose timeouts, one after another from `now`, put the clock at exactly `t`
     (>= now): one, or a second from just below `t`, where `t` minus the clock is exact
     (Sterbenz: the two are within a factor of 2)."""
-    hops, at = [], now
+    hops: list[float] = []
+    at = now
     while at < t and len(hops) < 3:
         d = delay_to(at, t)
         hops.append(d)

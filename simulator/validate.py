@@ -171,27 +171,54 @@ def recv_interval(engine: str, system: str, role: str, concurrency: float) -> in
 class Recipe(NamedTuple):
     """What one InferenceX recipe sets beyond the row's columns (None: the general rule)."""
 
-    mem_fraction_static: float | None
+    mem_fraction_static: float | None = None
     """SGLang's --mem-fraction-static (a role's gpu_memory_utilization)."""
-    recv_interval: int | None
+    recv_interval: int | None = None
     """SGLang's --scheduler-recv-interval at every concurrency."""
+    chunked_prefill_size: int | None = None
+    """SGLang's --chunked-prefill-size: prompt tokens a step computes at most
+    (max_num_batched_tokens)."""
 
 
-DSR1_B200: dict[tuple[str, int], Recipe] = {
-    ("fp8", 4): Recipe(0.95, 10), ("fp8", 8): Recipe(0.82, None),
-    ("fp4", 4): Recipe(0.85, None), ("fp4", 8): Recipe(0.85, None),
-}
-RECIPES: dict[tuple[str, str, str, str, int], Recipe] = {
-    ("sglang", model, precision, "b200_sxm", tp): recipe
-    for model in ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")
-    for (precision, tp), recipe in DSR1_B200.items()}
-"""Aggregated rows by (backend, model, precision, system, TP of the instance) whose InferenceX
-recipe sets the memory fraction or the receive interval apart: `benchmarks/dsr1_fp8_b200.sh`
-runs TP4 (8K/1K only) at --mem-fraction-static 0.95 with a receive interval of 10 at every
-concurrency, so that 32 users' 9K-token contexts fit beside 168 GB of weights a GPU, and TP8 at
-0.82; `dsr1_fp4_b200.sh` runs 0.85 at any TP. The file's SGLang B200 rows named DeepSeek-V3
-carry that recipe's ids (`dsr1_...`: the same architecture and checkpoint size). Every other
-row keeps the default 0.9."""
+DSR1: tuple[str, ...] = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")
+"""The file's SGLang rows named DeepSeek-V3 carry the DeepSeek-R1 recipes' ids (`dsr1_...`:
+the same architecture and checkpoint size)."""
+QWEN35: tuple[str, ...] = ("Qwen/Qwen3.5-397B-A17B",)
+GLM5: tuple[str, ...] = ("zhipuai/GLM-5",)
+
+RecipeKey = tuple[str, str, str, str, int | None]
+"""(backend, model, precision, system, TP of the instance or None for any)."""
+
+RECIPE_SOURCES: tuple[tuple[tuple[str, ...], str, str, int | None, Recipe], ...] = (
+    # benchmarks/dsr1_fp8_b200.sh: TP4 (8K/1K only) fits 32 users' 9K-token contexts beside 168
+    # GB of weights a GPU at 0.95 with a receive interval of 10 at every concurrency; TP8 0.82
+    (DSR1, "fp8", "b200_sxm", 4, Recipe(0.95, 10, 8192)),
+    (DSR1, "fp8", "b200_sxm", 8, Recipe(0.82, None, 32768)),
+    (DSR1, "fp4", "b200_sxm", None, Recipe(0.85, None, 16384)),  # dsr1_fp4_b200.sh
+    (DSR1, "fp8", "h200_sxm", None, Recipe(0.82, None, 32768)),  # dsr1_fp8_h200.sh
+    (QWEN35, "fp8", "b200_sxm", None, Recipe(0.82, None, 32768)),  # qwen3.5_fp8_b200.sh
+    (QWEN35, "bf16", "b200_sxm", None, Recipe(0.82, None, 32768)),  # qwen3.5_bf16_b200.sh
+    (QWEN35, "fp8", "h200_sxm", None, Recipe(0.8, None, 16384)),  # qwen3.5_fp8_h200.sh
+    (GLM5, "fp8", "b200_sxm", None, Recipe(0.85, None, 32768)),  # glm5_fp8_b200.sh
+    (GLM5, "fp8", "h200_sxm", None, Recipe(0.85)),  # glm5_fp8_h200.sh
+)
+RECIPES: dict[RecipeKey, Recipe] = {
+    ("sglang", model, precision, system, tp): recipe
+    for models, precision, system, tp, recipe in RECIPE_SOURCES for model in models}
+"""Aggregated SGLang rows whose InferenceX recipe (`benchmarks/single_node/*.sh` as they stood
+from February to April 2026, unchanged over the rows' dates) sets the memory fraction, the
+receive interval or the prefill chunk apart from the general rules; a key of the instance's TP
+wins over one for any TP (`recipe_of`). Every other row keeps the default memory fraction 0.9,
+`recv_interval` and `batched_tokens`. B300, fp4 Qwen3.5 and GLM-5 recipes came after the rows
+that measured them: not read. Nor is `--max-running-requests` (128 for Qwen3.5 and DeepSeek-R1
+fp8 on B200): the rows at 256 and 512 users measured a 2.1-3.1 s TTFT and a TPOT that grows past
+the 128-user one, where 128 slots would have queued half the users for a whole request."""
+
+
+def recipe_of(backend: str, model: str, precision: str, system: str, tp: int) -> Recipe | None:
+    """The recipe of an aggregated row's instance (RECIPES), its own TP's first."""
+    got = RECIPES.get((backend, model, precision, system, tp))
+    return got if got is not None else RECIPES.get((backend, model, precision, system, None))
 
 
 PROMPT_SIZED_BATCHES: dict[tuple[str, str, str], tuple[str, ...]] = {
@@ -211,8 +238,8 @@ def _recipe(row: pd.Series, role: RoleSpec) -> RoleSpec:
     before = PROMPT_SIZED_BATCHES.get((row.backend, row.model_path, row.system))
     if before is not None and str(row.backend_version) not in before:
         role = role.model_copy(update={"max_num_batched_tokens": int(2 * row.isl)})
-    got = RECIPES.get((row.backend, row.model_path, str(row.precision), row.system,
-                       role.tp or 1)) if role.dep is None else None
+    got = recipe_of(row.backend, row.model_path, str(row.precision), row.system,
+                    role.tp or 1) if role.dep is None else None
     if got is None:
         return role
     update: dict[str, Any] = {}
@@ -220,6 +247,8 @@ def _recipe(row: pd.Series, role: RoleSpec) -> RoleSpec:
         update["gpu_memory_utilization"] = got.mem_fraction_static
     if got.recv_interval is not None:
         update["recv_interval"] = got.recv_interval
+    if got.chunked_prefill_size is not None:
+        update["max_num_batched_tokens"] = got.chunked_prefill_size
     return role.model_copy(update=update)
 
 

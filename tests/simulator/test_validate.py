@@ -66,27 +66,26 @@ def test_sglang_rows_on_blackwell_take_the_recipes_recv_interval(rows):
     assert interval("trtllm", "b200_sxm", 16) == 1
 
 
-def test_a_recipe_that_sets_its_memory_fraction_and_receive_interval_is_read_as_it_ran(rows):
+def test_a_recipe_that_sets_its_memory_fraction_and_prefill_chunk_is_read_as_it_ran(rows):
     """InferenceX's DeepSeek-R1 fp8 SGLang recipe on B200 runs TP4 at --mem-fraction-static
-    0.95 with a receive interval of 10 at every load (TP8 at 0.82); without it 32 users' 9K
-    contexts do not fit beside its weights and the replay queues for a minute."""
-    def role(tp: int, conc: int):
-        row = rows[(rows.backend == "sglang") & (rows.system == "b200_sxm")
-                   & (rows["mode"] == "agg") & (rows.precision == "fp8")
+    0.95 with a receive interval of 10 at every load and 8K prefill chunks (TP8 at 0.82 and 32K
+    chunks); without it 32 users' 9K contexts do not fit beside its weights and the replay
+    queues for a minute."""
+    def role(tp: int, conc: int, model: str = "deepseek-ai/DeepSeek-R1",
+             system: str = "b200_sxm", precision: str = "fp8"):
+        row = rows[(rows.backend == "sglang") & (rows.system == system)
+                   & (rows["mode"] == "agg") & (rows.precision == precision)
                    & (rows.tp_size == tp) & (rows.moe_ep_size == 1)
-                   & (rows.concurrency == conc)
-                   & (rows.model_path == "deepseek-ai/DeepSeek-R1")].iloc[0]
+                   & (rows.concurrency == conc) & (rows.model_path == model)].iloc[0]
         agg = case_from_row(row).deployment.aggregated
         assert agg is not None
-        return agg.gpu_memory_utilization, agg.recv_interval
+        return agg.gpu_memory_utilization, agg.recv_interval, agg.max_num_batched_tokens
 
-    assert role(4, 32) == (0.95, 10)
-    assert role(8, 32) == (0.82, 30)
-    other = rows[(rows.backend == "sglang") & (rows.system == "b200_sxm")
-                 & (rows["mode"] == "agg")
-                 & rows.model_path.str.startswith("Qwen/Qwen3.5")].iloc[0]
-    agg = case_from_row(other).deployment.aggregated
-    assert agg is not None and agg.gpu_memory_utilization == 0.9
+    assert role(4, 32) == (0.95, 10, 8192)
+    assert role(8, 32) == (0.82, 30, 32768)
+    assert role(4, 256, "Qwen/Qwen3.5-397B-A17B") == (0.82, 30, 32768)
+    # no recipe of B300's Qwen3.5 before its rows: the general rules
+    assert role(4, 256, "Qwen/Qwen3.5-397B-A17B", "b300_sxm") == (0.9, 30, 8192)
 
 
 def test_disaggregated_row_has_both_roles(rows):

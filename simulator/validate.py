@@ -157,13 +157,20 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
 SGLANG_RECV_SYSTEMS = ("b200_sxm", "b300_sxm")
 """Systems whose InferenceX aggregated SGLang recipes pass --scheduler-recv-interval."""
 
+SGLANG_RECV_MODELS = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3",
+                      "Qwen/Qwen3.5-397B-A17B")
+"""Models whose recipes there do: DeepSeek-R1's (and the file's `dsr1_` rows named DeepSeek-V3)
+and Qwen3.5's; GLM-5's (`glm5_fp8_b200.sh`, `glm5_fp8_b300.sh`) never did."""
 
-def recv_interval(engine: str, system: str, role: str, concurrency: float) -> int:
+
+def recv_interval(engine: str, system: str, role: str, concurrency: float,
+                  model: str) -> int:
     """SGLang's --scheduler-recv-interval as InferenceX's aggregated recipes on B200 and B300 set
     it (`benchmarks/dsr1_fp4_b200.sh`, `dsr1_fp8_b200.sh`, Qwen3.5's B200 recipe: 10 below 16
-    users, 30 from 16 on, their DP size 1); its Hopper recipes (`dsr1_fp8_h200.sh`) leave it at
-    1, and so does every other engine and role."""
-    if engine == "sglang" and role == "aggregated" and system in SGLANG_RECV_SYSTEMS:
+    users, 30 from 16 on, their DP size 1); its Hopper recipes (`dsr1_fp8_h200.sh`) and GLM-5's
+    leave it at 1, and so does every other engine and role."""
+    if (engine == "sglang" and role == "aggregated" and system in SGLANG_RECV_SYSTEMS
+            and model in SGLANG_RECV_MODELS):
         return 10 if concurrency < 16 else 30
     return 1
 
@@ -344,7 +351,8 @@ def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurre
     role = _role(name, row.backend, row[f"{prefix}tp_size"], row[f"{prefix}attention_dp_size"],
                  row[f"{prefix}moe_tp_size"], row[f"{prefix}moe_ep_size"], instances,
                  concurrency, float(row.isl), moe,
-                 recv_interval(row.backend, row.system, name, concurrency), drafts)
+                 recv_interval(row.backend, row.system, name, concurrency, row.model_path),
+                 drafts)
     return _recipe(row, role) if name == "aggregated" else role
 
 

@@ -49,13 +49,14 @@ def test_aggregated_dep_row_becomes_a_dep_deployment(rows):
 
 
 def test_sglang_rows_on_blackwell_take_the_recipes_recv_interval(rows):
-    """InferenceX's aggregated SGLang recipes on B200 and B300 pass --scheduler-recv-interval
-    10 below 16 users and 30 from 16 on; Hopper's and other engines' rows take every step."""
-    def interval(backend: str, system: str, conc: int) -> int:
+    """InferenceX's aggregated SGLang recipes of DeepSeek-R1 and Qwen3.5 on B200 and B300 pass
+    --scheduler-recv-interval 10 below 16 users and 30 from 16 on; GLM-5's, Hopper's and other
+    engines' rows take every step."""
+    def interval(backend: str, system: str, conc: int,
+                 model: str = "deepseek-ai/DeepSeek-R1") -> int:
         row = rows[(rows.backend == backend) & (rows.system == system) & (rows["mode"] == "agg")
                    & (rows.concurrency == conc) & (rows.attention_dp_size <= 1)
-                   & (rows.tp_size == 8)
-                   & rows.model_path.str.startswith("deepseek-ai/DeepSeek-R1")].iloc[0]
+                   & (rows.tp_size == 8) & (rows.model_path == model)].iloc[0]
         agg = case_from_row(row).deployment.aggregated
         assert agg is not None
         return agg.recv_interval
@@ -64,6 +65,7 @@ def test_sglang_rows_on_blackwell_take_the_recipes_recv_interval(rows):
     assert interval("sglang", "b200_sxm", 16) == 30
     assert interval("sglang", "h200_sxm", 16) == 1
     assert interval("trtllm", "b200_sxm", 16) == 1
+    assert interval("sglang", "b200_sxm", 16, "zhipuai/GLM-5") == 1
 
 
 def test_a_recipe_that_sets_its_memory_fraction_and_prefill_chunk_is_read_as_it_ran(rows):

@@ -178,48 +178,59 @@ def recv_interval(engine: str, system: str, role: str, concurrency: float,
 class Recipe(NamedTuple):
     """What one InferenceX recipe sets beyond the row's columns (None: the general rule)."""
 
-    mem_fraction_static: float | None = None
-    """SGLang's --mem-fraction-static (a role's gpu_memory_utilization)."""
+    memory_fraction: float | None = None
+    """A role's gpu_memory_utilization: SGLang's --mem-fraction-static, TensorRT-LLM's
+    kv_cache_config free_gpu_memory_fraction."""
     recv_interval: int | None = None
     """SGLang's --scheduler-recv-interval at every concurrency."""
-    chunked_prefill_size: int | None = None
-    """SGLang's --chunked-prefill-size: prompt tokens a step computes at most
-    (max_num_batched_tokens)."""
+    batched_tokens: int | None = None
+    """Prompt tokens a step computes at most (max_num_batched_tokens): SGLang's
+    --chunked-prefill-size, TensorRT-LLM's --max_num_tokens."""
 
 
 DSR1: tuple[str, ...] = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")
-"""The file's SGLang rows named DeepSeek-V3 carry the DeepSeek-R1 recipes' ids (`dsr1_...`:
-the same architecture and checkpoint size)."""
+"""The file's rows named DeepSeek-V3 carry the DeepSeek-R1 recipes' ids (`dsr1_...`: the same
+architecture and checkpoint size)."""
 QWEN35: tuple[str, ...] = ("Qwen/Qwen3.5-397B-A17B",)
 GLM5: tuple[str, ...] = ("zhipuai/GLM-5",)
+GPT_OSS: tuple[str, ...] = ("openai/gpt-oss-120b",)
 
 RecipeKey = tuple[str, str, str, str, int | None]
 """(backend, model, precision, system, TP of the instance or None for any)."""
 
-RECIPE_SOURCES: tuple[tuple[tuple[str, ...], str, str, int | None, Recipe], ...] = (
+RECIPE_SOURCES: tuple[tuple[str, tuple[str, ...], str, str, int | None, Recipe], ...] = (
     # benchmarks/dsr1_fp8_b200.sh: TP4 (8K/1K only) fits 32 users' 9K-token contexts beside 168
     # GB of weights a GPU at 0.95 with a receive interval of 10 at every concurrency; TP8 0.82
-    (DSR1, "fp8", "b200_sxm", 4, Recipe(0.95, 10, 8192)),
-    (DSR1, "fp8", "b200_sxm", 8, Recipe(0.82, None, 32768)),
-    (DSR1, "fp4", "b200_sxm", None, Recipe(0.85, None, 16384)),  # dsr1_fp4_b200.sh
-    (DSR1, "fp8", "h200_sxm", None, Recipe(0.82, None, 32768)),  # dsr1_fp8_h200.sh
-    (QWEN35, "fp8", "b200_sxm", None, Recipe(0.82, None, 32768)),  # qwen3.5_fp8_b200.sh
-    (QWEN35, "bf16", "b200_sxm", None, Recipe(0.82, None, 32768)),  # qwen3.5_bf16_b200.sh
-    (QWEN35, "fp8", "h200_sxm", None, Recipe(0.8, None, 16384)),  # qwen3.5_fp8_h200.sh
-    (GLM5, "fp8", "b200_sxm", None, Recipe(0.85, None, 32768)),  # glm5_fp8_b200.sh
-    (GLM5, "fp8", "h200_sxm", None, Recipe(0.85)),  # glm5_fp8_h200.sh
+    ("sglang", DSR1, "fp8", "b200_sxm", 4, Recipe(0.95, 10, 8192)),
+    ("sglang", DSR1, "fp8", "b200_sxm", 8, Recipe(0.82, None, 32768)),
+    ("sglang", DSR1, "fp4", "b200_sxm", None, Recipe(0.85, None, 16384)),  # dsr1_fp4_b200.sh
+    ("sglang", DSR1, "fp8", "h200_sxm", None, Recipe(0.82, None, 32768)),  # dsr1_fp8_h200.sh
+    ("sglang", QWEN35, "fp8", "b200_sxm", None, Recipe(0.82, None, 32768)),  # qwen3.5_fp8_b200
+    ("sglang", QWEN35, "bf16", "b200_sxm", None, Recipe(0.82, None, 32768)),  # qwen3.5_bf16_b200
+    ("sglang", QWEN35, "fp8", "h200_sxm", None, Recipe(0.8, None, 16384)),  # qwen3.5_fp8_h200
+    ("sglang", GLM5, "fp8", "b200_sxm", None, Recipe(0.85, None, 32768)),  # glm5_fp8_b200.sh
+    ("sglang", GLM5, "fp8", "h200_sxm", None, Recipe(0.85)),  # glm5_fp8_h200.sh
+    # TensorRT-LLM: dsr1_fp{4,8}_b200_trt{,_mtp}.sh keep 0.8 of the free memory for KV (fp8 8K/1K
+    # on TP4 0.75 and the fp8 MTP recipe 0.7 in some runs: not told apart), dsr1_fp8_h200_trt.sh
+    # 0.75; gptoss_fp4_{b200,h200}_trt.sh 0.85 with --max_num_tokens 20000
+    ("trtllm", DSR1, "fp4", "b200_sxm", None, Recipe(0.8)),
+    ("trtllm", DSR1, "fp8", "b200_sxm", None, Recipe(0.8)),
+    ("trtllm", DSR1, "fp8", "h200_sxm", None, Recipe(0.75)),
+    ("trtllm", GPT_OSS, "fp4", "b200_sxm", None, Recipe(0.85, None, 20000)),
+    ("trtllm", GPT_OSS, "fp4", "h200_sxm", None, Recipe(0.85, None, 20000)),
 )
 RECIPES: dict[RecipeKey, Recipe] = {
-    ("sglang", model, precision, system, tp): recipe
-    for models, precision, system, tp, recipe in RECIPE_SOURCES for model in models}
-"""Aggregated SGLang rows whose InferenceX recipe (`benchmarks/single_node/*.sh` as they stood
-from February to April 2026, unchanged over the rows' dates) sets the memory fraction, the
-receive interval or the prefill chunk apart from the general rules; a key of the instance's TP
-wins over one for any TP (`recipe_of`). Every other row keeps the default memory fraction 0.9,
-`recv_interval` and `batched_tokens`. B300, fp4 Qwen3.5 and GLM-5 recipes came after the rows
-that measured them: not read. Nor is `--max-running-requests` (128 for Qwen3.5 and DeepSeek-R1
-fp8 on B200): the rows at 256 and 512 users measured a 2.1-3.1 s TTFT and a TPOT that grows past
-the 128-user one, where 128 slots would have queued half the users for a whole request."""
+    (backend, model, precision, system, tp): recipe
+    for backend, models, precision, system, tp, recipe in RECIPE_SOURCES for model in models}
+"""Aggregated rows without attention DP whose InferenceX recipe (`benchmarks/single_node/*.sh`
+as they stood from February to April 2026, unchanged over the rows' dates) sets the memory
+fraction, the receive interval or the tokens a step computes apart from the general rules; a
+key of the instance's TP wins over one for any TP (`recipe_of`). Every other row keeps the
+default memory fraction 0.9, `recv_interval` and `batched_tokens`. B300, fp4 Qwen3.5 and GLM-5
+recipes came after the rows that measured them: not read. Nor is SGLang's
+`--max-running-requests` (128 for Qwen3.5 and DeepSeek-R1 fp8 on B200): the rows at 256 and 512
+users measured a 2.1-3.1 s TTFT and a TPOT that grows past the 128-user one, where 128 slots
+would have queued half the users for a whole request."""
 
 
 def recipe_of(backend: str, model: str, precision: str, system: str, tp: int) -> Recipe | None:
@@ -250,12 +261,12 @@ def _recipe(row: pd.Series, role: RoleSpec) -> RoleSpec:
     if got is None:
         return role
     update: dict[str, Any] = {}
-    if got.mem_fraction_static is not None:
-        update["gpu_memory_utilization"] = got.mem_fraction_static
+    if got.memory_fraction is not None:
+        update["gpu_memory_utilization"] = got.memory_fraction
     if got.recv_interval is not None:
         update["recv_interval"] = got.recv_interval
-    if got.chunked_prefill_size is not None:
-        update["max_num_batched_tokens"] = got.chunked_prefill_size
+    if got.batched_tokens is not None:
+        update["max_num_batched_tokens"] = got.batched_tokens
     return role.model_copy(update=update)
 
 

@@ -90,6 +90,23 @@ def test_a_recipe_that_sets_its_memory_fraction_and_prefill_chunk_is_read_as_it_
     assert role(4, 256, "Qwen/Qwen3.5-397B-A17B", "b300_sxm") == (0.9, 30, 8192)
 
 
+def test_tensorrt_llm_recipes_keep_their_kv_share_and_gpt_oss_its_20k_tokens_a_step(rows):
+    """TensorRT-LLM's recipes keep a share of the free memory for KV (DeepSeek-R1 0.8 on B200,
+    0.75 on H200; gpt-oss 0.85) and gpt-oss's pass --max_num_tokens 20000 at every load."""
+    def role(model: str, system: str):
+        row = rows[(rows.backend == "trtllm") & (rows.system == system) & (rows["mode"] == "agg")
+                   & (rows.attention_dp_size <= 1) & (rows.model_path == model)
+                   & (rows.isl == 8192)].iloc[0]
+        agg = case_from_row(row).deployment.aggregated
+        assert agg is not None
+        return agg.gpu_memory_utilization, agg.max_num_batched_tokens, row.concurrency
+
+    fraction, tokens, users = role("deepseek-ai/DeepSeek-R1", "b200_sxm")
+    assert fraction == 0.8 and tokens == max(8192, -(-(users + 8192 + 64) // 64) * 64)
+    assert role("deepseek-ai/DeepSeek-R1", "h200_sxm")[0] == 0.75
+    assert role("openai/gpt-oss-120b", "h200_sxm")[:2] == (0.85, 20000)
+
+
 def test_disaggregated_row_has_both_roles(rows):
     row = rows[(rows["mode"] == "disagg") & (rows.prefill_num_workers > 1)
                & rows.model_path.str.contains("DeepSeek")].iloc[0]

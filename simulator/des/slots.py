@@ -5,9 +5,10 @@ slot is free and its KV space can be reserved, by one of the admission kinds of 
 "whole" reserves its whole context (prompt + all output) and holds it until it finishes, so no
 request is preempted; "optimistic" reserves what it holds when admitted (its prompt) and grows
 by what each step adds, and when a rank's KV runs out the requests admitted last give theirs
-back (`preempt`) and compute it again later. A reserved slot turns active once its KV is in
-place (after the KV transfer in P/D, after the prompt in an aggregated instance). One step
-advances every active slot of every rank at once.
+back (`preempt`) and compute it again later; "estimate" does the same, but admits a prompt
+only where it fits beside a share of the outputs still to come. A reserved slot turns active
+once its KV is in place (after the KV transfer in P/D, after the prompt in an aggregated
+instance). One step advances every active slot of every rank at once.
 
 A slot keeps the steps it has decoded, not its running totals: its generated tokens and context
 are what it had when it turned active plus steps x `accepted`, so the same steps give the same
@@ -24,16 +25,30 @@ import numpy as np
 
 from simulator.des.kvpool import KvPool
 
-KV_ADMISSION: dict[str, str] = {"vllm": "optimistic", "sglang": "whole", "trtllm": "whole"}
+KV_ADMISSION: dict[str, str] = {"vllm": "optimistic", "sglang": "estimate", "trtllm": "whole"}
 """How an engine admits a request against its KV cache. vLLM's scheduler allocates KV blocks
 for the tokens a step computes, not for a request's future output, and when a running request
 cannot get its next block it preempts the running request admitted last (its blocks freed, put
 back at the head of the waiting queue, recomputed when it resumes): "optimistic". TensorRT-LLM's
 default capacity policy (GUARANTEED_NO_EVICT) reserves every request's whole length: "whole".
-SGLang admits against an estimate of the future tokens that starts near the whole and retracts
-a request only when decode runs out anyway: "whole" as the nearer of the two. Aggregated
-instances use it; P/D decode instances reserve the whole (a preempted decode request would have
-to be prefilled again on the decode instance)."""
+SGLang admits a request when its prompt fits beside an estimate of the output still to come, its
+own and every running request's (SchedulePolicy's PrefillAdder: `new_token_ratio` x the output
+left, each clipped at SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION), holds only what is computed, and
+retracts the requests with the fewest outputs when decode runs out: "estimate", which grows and
+preempts as "optimistic" does. Aggregated instances use it; P/D decode instances reserve the
+whole (a preempted decode request would have to be prefilled again on the decode instance)."""
+
+ESTIMATE_RATIO = 0.7
+"""The share of the output left that "estimate" admission sets aside: SGLang's starting
+`new_token_ratio` (SGLANG_INIT_NEW_TOKEN_RATIO, 0.7 x --schedule-conservativeness 1.0). SGLang
+lowers it by a 600th of the way to 0.098 each decode step and sets it again from the outputs
+decoded after a retraction; a constant is kept here (see docs/cost-model.md, "Memory")."""
+
+ESTIMATE_CLIP = 4096
+"""Output tokens left that "estimate" admission counts at most per request
+(SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)."""
+
+ADMISSIONS = ("whole", "optimistic", "estimate")
 
 _NONE = np.zeros(0, dtype=np.int64)
 """No request ids."""
@@ -51,10 +66,12 @@ class DecodeSlots:
         self.kv = kv
         self.accepted = accepted
         """Tokens an active slot gains per step (fractional: the expected MTP acceptance)."""
-        if admission not in ("whole", "optimistic"):
-            raise ValueError(f"admission {admission!r}: 'whole' or 'optimistic'")
-        self.optimistic = admission == "optimistic"
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission {admission!r}: one of {', '.join(ADMISSIONS)}")
+        self.optimistic = admission != "whole"
         """Reserve what a request holds and grow it step by step (KV_ADMISSION)."""
+        self.estimate = admission == "estimate"
+        """Admit only beside an estimate of the outputs to come (KV_ADMISSION)."""
         self.admitted = np.zeros(shape)
         """When each slot was reserved, in admissions on its rank (the last ones go first)."""
         self._admissions = 0
@@ -117,11 +134,12 @@ class DecodeSlots:
         self._waiting += 1
 
     def reserve(self, rank: int, rid: int, context: float, output: float) -> int | None:
-        """Hold a free slot of `rank` and KV for the whole context (optimistic admission: for
-        `context`); the slot, or None when either is lacking."""
+        """Hold a free slot of `rank` and KV for the whole context (optimistic and estimate
+        admission: for `context`, estimate only where the outputs to come fit beside it); the
+        slot, or None when either is lacking."""
         free = self._free[rank]
         need = context if self.optimistic else context + output
-        if not free or not self.kv.fits(rank, need):
+        if not free or not self.kv.fits(rank, need + self._to_come(rank, output)):
             return None
         slot = free.pop()
         taken = self.kv.take(rank, need)
@@ -135,6 +153,16 @@ class DecodeSlots:
         self._admissions += 1
         self.admitted[rank, slot] = self._admissions
         return slot
+
+    def _to_come(self, rank: int, output: float) -> float:
+        """The KV "estimate" admission sets aside beside a new request's prompt: the ratio of
+        its output and of the output the requests held on `rank` have still to make, each
+        clipped (0 for the other admissions)."""
+        if not self.estimate:
+            return 0.0
+        held = self.rid[rank] >= 0
+        left = np.clip(self.target[rank][held] - self.generated[rank][held], 0.0, ESTIMATE_CLIP)
+        return ESTIMATE_RATIO * (min(output, ESTIMATE_CLIP) + float(left.sum()))
 
     def admit(self, rank: int) -> list[tuple[int, int]]:
         """Reserve slots for queued requests of `rank`, in order, while slots and KV are free.

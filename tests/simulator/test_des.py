@@ -322,8 +322,28 @@ def test_optimistic_slots_grow_by_the_tokens_and_give_back_the_last_admitted() -
     assert (kv.used[0], kv.grown[0]) == (600, 51) and slots.active.sum() == 1
     kv.used[0] += 1_000  # however full, the last decoding request keeps its KV
     assert slots.preempt(0) == []
-    with pytest.raises(ValueError, match="'whole' or 'optimistic'"):
+    with pytest.raises(ValueError, match="one of whole, optimistic, estimate"):
         DecodeSlots(1, 4, kv, admission="lazy")
+
+
+def test_estimate_slots_admit_a_prompt_beside_a_share_of_the_outputs_to_come() -> None:
+    """SGLang's admission: a prompt fits beside 0.7 of every held request's output left, each
+    clipped at 4,096 tokens; what it holds is its prompt, grown step by step as optimistic."""
+    def admitted(kind: str) -> list[int | None]:
+        slots = DecodeSlots(1, 4, KvPool(1, 10_000, lambda: 0.0), admission=kind)
+        return [slots.reserve(0, rid, 1_000, 8_000) for rid in (1, 2, 3)]
+
+    assert admitted("whole")[1] is None  # 9,000 + 9,000 > 10,000
+    # 1,000 held + 1,000 + 0.7 x (4,096 + 4,096) = 7,734 fits; a third needs 11,602
+    assert admitted("estimate")[:2] != [None, None] and admitted("estimate")[2] is None
+    assert None not in admitted("optimistic")
+    kv = KvPool(1, 10_000, lambda: 0.0)
+    slots = DecodeSlots(1, 4, kv, admission="estimate")
+    slot = slots.reserve(0, 1, 1_000, 8_000)
+    assert slot is not None and kv.used[0] == 1_000
+    slots.activate(0, slot, generated=1.0)
+    slots.advance(slots.active.copy(), None, steps=10)
+    assert kv.grown[0] == 10 and slots.steps_to_full(slots.active) == 8_990
 
 def test_prefill_only_counts_prefill_gpus_and_one_output_token() -> None:
     dep = pd(prefill=RoleSpec(instances=2, dep=8))

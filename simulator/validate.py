@@ -157,8 +157,14 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
 SGLANG_RECV_SYSTEMS = ("b200_sxm", "b300_sxm")
 """Systems whose InferenceX aggregated SGLang recipes pass --scheduler-recv-interval."""
 
-SGLANG_RECV_MODELS = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3",
-                      "Qwen/Qwen3.5-397B-A17B")
+DSR1: tuple[str, ...] = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")
+"""The file's rows named DeepSeek-V3 carry the DeepSeek-R1 recipes' ids (`dsr1_...`: the same
+architecture and checkpoint size)."""
+QWEN35: tuple[str, ...] = ("Qwen/Qwen3.5-397B-A17B",)
+GLM5: tuple[str, ...] = ("zhipuai/GLM-5",)
+GPT_OSS: tuple[str, ...] = ("openai/gpt-oss-120b",)
+
+SGLANG_RECV_MODELS = DSR1 + QWEN35
 """Models whose recipes there do: DeepSeek-R1's (and the file's `dsr1_` rows named DeepSeek-V3)
 and Qwen3.5's; GLM-5's (`glm5_fp8_b200.sh`, `glm5_fp8_b300.sh`) never did."""
 
@@ -187,13 +193,6 @@ class Recipe(NamedTuple):
     """Prompt tokens a step computes at most (max_num_batched_tokens): SGLang's
     --chunked-prefill-size, TensorRT-LLM's --max_num_tokens."""
 
-
-DSR1: tuple[str, ...] = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")
-"""The file's rows named DeepSeek-V3 carry the DeepSeek-R1 recipes' ids (`dsr1_...`: the same
-architecture and checkpoint size)."""
-QWEN35: tuple[str, ...] = ("Qwen/Qwen3.5-397B-A17B",)
-GLM5: tuple[str, ...] = ("zhipuai/GLM-5",)
-GPT_OSS: tuple[str, ...] = ("openai/gpt-oss-120b",)
 
 RecipeKey = tuple[str, str, str, str, int | None]
 """(backend, model, precision, system, TP of the instance or None for any)."""

@@ -33,7 +33,7 @@ from simulator.des.metrics import Recorder
 from simulator.des.prefix_cache import RankCaches, cached_tokens, rate_cached_tokens
 from simulator.des.pricing import StepPricer
 from simulator.des.requests import RequestTable
-from simulator.des.runs import MAX_RUN, Run, delay_to, hops_to
+from simulator.des.runs import MAX_RUN, Run, hops_to
 from simulator.des.slots import DONE_EPS, DecodeSlots
 from simulator.specs.deployment import ADP_BALANCE_TIMEOUT_STEPS, RoleSpec
 
@@ -204,12 +204,14 @@ class Engine:
         self._call_at(max(at, now), arrive)
 
     def _call_at(self, t: float, fn: Callable[[], None]) -> None:
-        """Call `fn` when the clock reads exactly `t` (>= now), in a second hop where no
-        delay from now lands on it (`hops_to`)."""
-        now = self.env.now
-        d = delay_to(now, t)
-        self.env.timeout(d).callbacks.append(
-            (lambda _: fn()) if now + d >= t else (lambda _: self._call_at(t, fn)))
+        """Call `fn` when the clock reads exactly `t` (>= now), after the timeouts `hops_to`
+        gives (a second where no delay from now lands on `t`)."""
+        self._after(hops_to(self.env.now, t), fn)
+
+    def _after(self, hops: list[float], fn: Callable[[], None]) -> None:
+        first, rest = hops[0], hops[1:]
+        self.env.timeout(first).callbacks.append(
+            (lambda _: self._after(rest, fn)) if rest else (lambda _: fn()))
 
     # ---- SGLang's --scheduler-recv-interval -----------------------------------------------
 

@@ -81,7 +81,7 @@ def check_workload_fits(workload: Workload, model: ModelSpec) -> None:
         check_requests_fit("session turns", prompt, 1 if one else output, model, remedy)
     elif isinstance(a, TraceArrival):
         from simulator.des.traces import read_trace
-        t = read_trace(a.path, a.time_scale, workload.requests)
+        t = read_trace(a.path, a.time_scale, workload.requests, in_order=a.concurrency is not None)
         check_requests_fit("trace rows", t.input_len, 1 if one else t.output_len, model,
                            f"shorten the rows of {a.path}")
 

@@ -2,8 +2,9 @@
 
 - poisson / bursty: open loop, gaps from the arrival spec;
 - closed: `concurrency` users, each sending its next request (or session) when the last ends;
-- trace: rows of a trace file at their timestamps (times `time_scale`), lengths and prefix
-  block ids from the file;
+- trace: rows of a trace file at their timestamps (times `time_scale`), or, with a
+  `concurrency`, in file order by that many closed-loop users; lengths and prefix block ids
+  from the file;
 - sessions: AgentX's lanes of session trees (`simulator.des.replay`).
 
 With sessions, a unit of traffic is a session of `turns` requests: each turn's prompt is the
@@ -87,7 +88,11 @@ class Traffic:
         elif isinstance(a, TraceArrival):
             if self.trace is None:
                 raise SpecError("trace arrival needs a trace")
-            self.env.process(self._replay(self.trace))
+            if a.concurrency is None:
+                self.env.process(self._replay(self.trace))
+            else:  # the rows in file order, each user's next when its last ends
+                for _ in range(min(a.concurrency, self.table.capacity)):
+                    self.env.process(self._user())
         elif isinstance(a, ClosedArrival):
             users = min(a.concurrency, self.table.capacity)
             for i in range(users):
@@ -135,8 +140,9 @@ class Traffic:
                 yield from self._session()
             else:
                 rid = self.table.count
-                yield self._send(int(self.new_input[rid]), int(self.output[rid]), None,
-                                 wait=True)
+                ids = None if self.trace is None else self.trace.blocks[rid]
+                yield self._send(int(self.new_input[rid]), int(self.output[rid]),
+                                 None if ids is None else to_runs(ids), wait=True)
 
     def _session(self) -> Generator[Any, Any, None]:
         assert self.workload.sessions is not None

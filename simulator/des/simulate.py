@@ -228,7 +228,8 @@ class _Run:
         a = self.workload.arrival
         if not isinstance(a, TraceArrival):
             return None
-        return read_trace(a.path, a.time_scale, self.workload.requests)
+        return read_trace(a.path, a.time_scale, self.workload.requests,
+                          in_order=a.concurrency is not None)
 
     def _running_roles(self) -> list[str]:
         mode, roles = self.workload.mode, self.deployment.roles

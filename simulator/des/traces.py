@@ -5,7 +5,8 @@ optionally, ``hash_ids`` (ids of the prompt's 512-token prefix blocks) and ``ses
 gives hash_ids as numbers separated by spaces, semicolons or commas inside one field
 (``"[0, 1, 2]"`` works too). A row with a session id but no hash_ids gets block ids from its
 session: its prompt starts with the blocks of the session's previous turn (prompt and output),
-so multi-turn traces hit the prefix cache as the conversation grows.
+so multi-turn traces hit the prefix cache as the conversation grows. A trace replayed at a fixed
+concurrency (AIPerf's and `vllm bench serve`'s replay, rows in file order) needs no timestamps.
 """
 
 from __future__ import annotations
@@ -54,24 +55,28 @@ def file_stamp(path: Path) -> tuple[str, int, int]:
     return (str(path), st.st_size, st.st_mtime_ns)
 
 
-def read_trace(path: str | Path, time_scale: float = 1.0, limit: int | None = None) -> Trace:
+def read_trace(path: str | Path, time_scale: float = 1.0, limit: int | None = None,
+               in_order: bool = False) -> Trace:
     """The first `limit` rows (by arrival) of a .jsonl or .csv trace, read once per process
     while the file's path, size and modification time stay the same (a search simulates one
-    trace many times, after checking its rows fit the model); its arrays are read-only."""
+    trace many times, after checking its rows fit the model); its arrays are read-only.
+    `in_order`: the rows in file order, timestamps optional (0 where absent): a replay at a
+    fixed concurrency takes them so and ignores their times."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"trace file {str(p)!r} does not exist; give a .jsonl or .csv trace")
-    return _read_trace(p, file_stamp(p), time_scale, limit)
+    return _read_trace(p, file_stamp(p), time_scale, limit, in_order)
 
 
 @functools.lru_cache(maxsize=4)
 def _read_trace(p: Path, stamp: tuple[str, int, int], time_scale: float,
-                limit: int | None) -> Trace:
-    rows = _read_csv(p) if p.suffix.lower() == ".csv" else _read_jsonl(p)
+                limit: int | None, in_order: bool = False) -> Trace:
+    rows = _read_csv(p, timed=not in_order) if p.suffix.lower() == ".csv" else _read_jsonl(p)
     if not rows:
         raise SpecError(f"trace {p} has no rows")
-    parsed = [_row(r, p, i + 1) for i, r in enumerate(rows)]
-    order = sorted(range(len(parsed)), key=lambda i: (parsed[i][0], i))
+    parsed = [_row(r, p, i + 1, timed=not in_order) for i, r in enumerate(rows)]
+    order = (list(range(len(parsed))) if in_order
+             else sorted(range(len(parsed)), key=lambda i: (parsed[i][0], i)))
     if limit is not None:
         order = order[:limit]
     ts = np.array([parsed[i][0] for i in order], dtype=float)
@@ -145,13 +150,14 @@ def _text(p: Path) -> str:
         raise SpecError(f"trace {p} cannot be read ({e.strerror or e})") from None
 
 
-def _read_csv(p: Path) -> list[dict[str, Any]]:
+def _read_csv(p: Path, timed: bool = True) -> list[dict[str, Any]]:
     reader = csv.DictReader(io.StringIO(_text(p), newline=""))
+    need = COLUMNS if timed else COLUMNS[1:]
     try:
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        missing = [c for c in need if c not in (reader.fieldnames or [])]
         if missing:
             raise SpecError(f"{p}: CSV lacks the column(s) {', '.join(missing)}; "
-                            f"needed: {', '.join(COLUMNS)} (hash_ids optional)")
+                            f"needed: {', '.join(need)} (hash_ids optional)")
         return list(reader)
     except csv.Error as e:  # a NUL byte, a field over csv's size limit
         raise SpecError(f"{p} line {reader.line_num}: not CSV ({e})") from None
@@ -194,8 +200,10 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _row(row: dict[str, Any], p: Path, n: int) -> tuple[float, int, int, tuple[int, ...] | None]:
-    ts = _number(row, "timestamp", p, n)
+def _row(row: dict[str, Any], p: Path, n: int,
+         timed: bool = True) -> tuple[float, int, int, tuple[int, ...] | None]:
+    ts = (_number(row, "timestamp", p, n) if timed or row.get("timestamp") not in (None, "")
+          else 0.0)
     if ts < 0:
         raise SpecError(f"{p} row {n}: timestamp={ts:g} must be >= 0 (ms from the trace start)")
     inp, out = _length(row, "input_length", p, n), _length(row, "output_length", p, n)

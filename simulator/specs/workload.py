@@ -87,6 +87,12 @@ class TraceArrival(Spec):
     """Trace file to replay (required); read by the simulator, not by this spec."""
     time_scale: float = Field(1.0, gt=0, le=MAX_TIME_SCALE)
     """Multiplies the trace's timestamps: 0.5 replays twice as fast (default 1.0)."""
+    concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)
+    """Replay at a fixed concurrency instead of the timestamps: this many users, each sending
+    the trace's next row (in file order) when its last request ends, as AIPerf's
+    `--custom-dataset-type mooncake_trace` and `vllm bench serve` replay a trace at
+    `--concurrency`; the rows need no timestamps then, at most 1,000,000 (default null: each
+    row at its timestamp)."""
 
 
 class SessionsArrival(Spec):

@@ -236,6 +236,38 @@ def test_trace_replay_reads_mooncake_rows_and_finds_prefix_hits() -> None:
     assert m["output_tokens"] == int(trace.output_len.sum())
 
 
+def test_a_trace_replayed_at_a_concurrency_takes_rows_in_file_order_with_their_blocks(
+        tmp_path: Path) -> None:
+    """AIPerf's and `vllm bench serve`'s trace replay: N users, each the file's next row when
+    its last ends, timestamps absent or ignored; a row repeating an earlier row's blocks hits
+    the prefix cache for exactly those blocks once that row has been computed."""
+    path = tmp_path / "agentic.jsonl"
+    rows = [{"input_length": 1024, "output_length": 8, "hash_ids": [0, 1]},
+            {"input_length": 1536, "output_length": 8, "hash_ids": [0, 1, 2]},
+            {"input_length": 2048, "output_length": 8, "hash_ids": [7, 8, 9, 10]},
+            {"timestamp": 99_000, "input_length": 600, "output_length": 8, "hash_ids": [7, 8]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SpecError, match="lacks 'timestamp'"):
+        read_trace(path)  # a timed replay needs them
+    trace = read_trace(path, in_order=True)
+    assert trace.input_len.tolist() == [1024, 1536, 2048, 600]  # file order, not by time
+    dep = Deployment(model="deepseek-v3", hardware="h200", aggregated=RoleSpec(dep=8))
+
+    def replay(users: int) -> Any:
+        wl = Workload(arrival=TraceArrival(path=str(path), concurrency=users), requests=4)
+        return simulate(dep, wl, expert_counts=UNIFORM)
+
+    m = replay(1).metrics()
+    assert m["completed"] == 4
+    # one user: each row after the last ends, so rows 2 and 4 find their prefixes computed
+    # (prefix-aware routing sends them to the rank that holds them): row 2 its two blocks,
+    # row 4 all of its 600 tokens but the last, which is computed to sample from
+    assert m["cached_input_tokens"] == 2 * 512 + 599
+    assert m["uncached_input_tokens"] == 1024 + 1536 + 2048 + 600 - m["cached_input_tokens"]
+    four = replay(4).metrics()  # all at once: nothing is computed before the others arrive
+    assert four["cached_input_tokens"] == 0 and four["completed"] == 4
+
+
 def test_sessions_hit_the_prefix_cache_with_the_previous_context() -> None:
     wl = closed(12, 4, 1000, 100, sessions=Sessions(turns=3))
     m = simulate(pd(), wl).metrics()

@@ -16,7 +16,7 @@ import numpy as np
 from simulator.calibration import Calibration, Priced
 from simulator.calibration.grid import SOURCES
 from simulator.cost.memory import prefetch_plan
-from simulator.specs.deployment import RoleSpec, uses_mega_moe
+from simulator.specs.deployment import MEGA_MOE_ARCHITECTURES, RoleSpec, uses_mega_moe
 from simulator.specs.hardware import HardwareSpec
 from simulator.specs.model import ModelSpec
 
@@ -283,17 +283,29 @@ REPLAY_TRIM_MIN_TOKENS = 768
 """A step with prompt work of fewer tokens on every rank runs DeepSeek-V4.1's late layers on
 whole prompt chunks where it runs as a CUDA graph (vLLM's decoder_replay_trim_threshold;
 prefill instances run eager steps, which always trim). Sequence parallelism (expert parallel
-with TP attention and MegaMoE or DP) turns the bounded replay off (vllm/models/deepseek_v41/
-nvidia/model.py)."""
+with TP attention and MegaMoE or DP) and dual-batch overlap turn the bounded replay off
+(`bounded_replay`)."""
+
+
+def sequence_parallel(inst: Instance) -> bool:
+    """Whether `inst` runs DeepSeek-V4's sequence parallelism: expert parallel with TP
+    attention, on MegaMoE or over DP ranks (vLLM's `_use_sequence_parallel`,
+    vllm/models/deepseek_v41/nvidia/model.py). Each TP rank then keeps 1/tp of the step's
+    tokens through the hyper-connections, the router and the MoE (MegaMoE dispatches a rank's
+    own shard), and attention all-gathers its input and reduce-scatters its output over the
+    TP group instead of all-reducing after attention and after the MoE."""
+    return (inst.model.architecture in MEGA_MOE_ARCHITECTURES and inst.tp > 1
+            and inst.ep > 1 and (inst.mega_moe or inst.dp > 1))
 
 
 def bounded_replay(inst: Instance) -> bool:
     """Whether `inst` runs V4.1's bounded replay: the late layers prefill each chunk's last
     window only, and a prefix hit recomputes its last window (its window entries are not
-    cached) instead of keeping them."""
+    cached) instead of keeping them. Sequence parallelism and dual-batch overlap's
+    micro-batches turn it off (the replay's batch shrinks per rank, which neither can follow:
+    vLLM's `_decoder_replay_supported`)."""
     m = inst.model
-    return m.replay_from < m.layers and not (
-        inst.tp > 1 and inst.ep > 1 and (inst.mega_moe or inst.dp > 1))
+    return m.replay_from < m.layers and not (sequence_parallel(inst) or inst.dbo)
 
 
 def prefix_rewind(inst: Instance) -> int:
@@ -553,9 +565,13 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
                       pre_req[distinct], pre_ctx[distinct], led,
                       None if tail is None else tail[distinct])
     _charge_parts(led, "attention", "attention.", float(attn.max()))
+    # the tokens a TP rank keeps outside attention: 1/tp of them with sequence parallelism
+    sp = sequence_parallel(inst)
+    shard: Callable[[np.ndarray], np.ndarray] = (
+        (lambda w: np.ceil(w / inst.tp)) if sp else (lambda w: w))
     if m.hc_mult > 1:  # V4 hyper-connections: pre and post mixing around both sublayers
         for layers, _, work in groups:
-            mhc = cal.mhc(work, m.hidden, m.hc_mult, m.hc_sinkhorn_iters)
+            mhc = cal.mhc(shard(work), m.hidden, m.hc_mult, m.hc_sinkhorn_iters)
             led.add("other", "mhc", mhc, layers * float(mhc.ms.max()))
     if m.engram_layers:  # V4.1 Engram: project the gathered n-gram rows (in encoder layers;
         # the gathers come from host memory ahead of use, on a side stream)
@@ -583,7 +599,7 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     if moe_layers:
         hashed = m.hash_layers  # hash-routed layers (V4, the first ones) look their experts
         for _, moe, work in groups:  # up by token id: no gate GEMM
-            router = cal.gemm(work, m.n_routed_experts, m.hidden, "bf16")
+            router = cal.gemm(shard(work), m.n_routed_experts, m.hidden, "bf16")
             gated = max(moe - hashed, 0)
             hashed = max(hashed - moe, 0)
             led.add("moe", "router", router, gated * float(router.ms.max()))
@@ -592,7 +608,12 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
             # already holds them all, and MegaMoE exchanges them inside its kernel
             for _, moe, work in groups:
                 _token_exchange(inst, cal, work, moe, led)
-    if inst.tp > 1:
+    if sp:  # attention's input gathered from the token shards, its output scattered back
+        for layers, _, work in groups:
+            for op in ("all_gather", "reduce_scatter"):
+                c = cal.collective(op, work.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)
+                led.add("communication", f"sp_{op}", c, layers * float(c.ms.max()))
+    elif inst.tp > 1:
         for layers, _, work in groups:
             ar = cal.allreduce(work.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)
             led.add("communication", "allreduce", ar, 2 * layers * float(ar.ms.max()))
@@ -679,7 +700,8 @@ def _routed(inst: Instance, cal: Calibration, received: float, decode_only: bool
     m, ep, dp = inst.model, inst.ep, inst.dp
     expert_dtype = m.expert_weights(inst.weights)
     group_tokens = received * ep / m.top_k  # a balanced group loading every rank so
-    if dp > 1 and inst.mega_moe:  # one fused kernel: its exchange is inside
+    if inst.mega_moe and (dp > 1 or sequence_parallel(inst)):  # one fused kernel: its
+        # exchange is inside; each rank dispatches its own tokens (its DP rank's, or its shard)
         return cal.mega_moe(group_tokens / ep, m.hidden, m.moe_intermediate, m.top_k,
                             m.n_routed_experts, ep, expert_dtype, decode_only,
                             inst.a2a_bandwidth)

@@ -136,6 +136,32 @@ def test_prefill_runs_the_late_layers_on_each_chunks_last_window_only():
     assert not any(".prefill_tail." in k for k in whole.parts)
 
 
+def test_sequence_parallel_ranks_keep_a_quarter_of_the_tokens_outside_attention():
+    """TP4 with expert parallelism on MegaMoE (vLLM's sequence parallelism): each rank keeps
+    1/4 of the step's tokens through the hyper-connections and the router, dispatches its own
+    quarter on MegaMoE, and attention gathers its input and scatters its output instead of two
+    all-reduces a layer; the same instance on the plain MoE kernel all-reduces every token."""
+    cal = load_calibration(GB300, "vllm")
+    tp4 = {"ranks": 4, "expert_parallel": False, "tp_expert_parallel": True}
+    sp = Instance(model=V41, hardware=GB300, role="prefill", weights="fp4", kv_cache="fp4",
+                  indexer_cache="fp4", mega_moe=True, **tp4)
+    plain = Instance(model=V41, hardware=GB300, role="prefill", weights="fp4", kv_cache="fp4",
+                     indexer_cache="fp4", mega_moe=False, **tp4)
+    assert sp.tp == 4 and sp.dp == 1 and sp.ep == 4
+    batch = Batch.prefill(1, 8192)
+    a, b = step_time(sp, batch, cal), step_time(plain, batch, cal)
+    quarter = cal.mhc(np.array([2048.0]), V41.hidden, V41.hc_mult, V41.hc_sinkhorn_iters)
+    assert a.parts["mhc"] == pytest.approx(V41.layers * float(quarter.ms[0]))  # no replay
+    assert not any(".prefill_tail." in k for k in a.parts)  # the replay is off under it
+    assert any(".prefill_tail." in k for k in b.parts)
+    assert {"sp_all_gather", "sp_reduce_scatter"} <= set(a.parts) and "allreduce" not in a.parts
+    assert "allreduce" in b.parts and "sp_all_gather" not in b.parts
+    own = cal.mega_moe(2048.0, V41.hidden, V41.moe_intermediate, V41.top_k,
+                       V41.n_routed_experts, 4, V41.expert_weights("fp4"), False,
+                       sp.a2a_bandwidth)
+    assert a.parts["routed_experts"] == pytest.approx(V41.moe_layers * float(own.ms[0]))
+
+
 def test_a_prefix_hit_computes_its_last_window_again():
     assert prefix_rewind(_inst(role="prefill", ranks=2)) == 128
     assert prefix_rewind(_inst(V4, role="prefill", ranks=2)) == 0

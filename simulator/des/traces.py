@@ -202,6 +202,10 @@ def _show(value: Any) -> str:
 
 def _row(row: dict[str, Any], p: Path, n: int,
          timed: bool = True) -> tuple[float, int, int, tuple[int, ...] | None]:
+    if timed and row.get("timestamp") is None:
+        raise SpecError(f"{p} row {n}: lacks 'timestamp'; needed: {', '.join(COLUMNS)}, or "
+                        "replay the rows at a fixed concurrency (arrival: {kind: trace, "
+                        "concurrency: N}), which needs no timestamps")
     ts = (_number(row, "timestamp", p, n) if timed or row.get("timestamp") not in (None, "")
           else 0.0)
     if ts < 0:

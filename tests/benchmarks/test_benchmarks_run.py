@@ -84,3 +84,27 @@ def test_capacity_question_prints_each_answer_and_its_cost():
     for line in lines:
         assert " s wall, " in line and " s CPU, " in line and " simulated" in line
         assert ("tok/s/GPU" in line and "why:" in line) or "no plan; " in line
+
+
+def test_dynamo_v41_stand_in_has_the_published_statistics_and_a_target_runs(tmp_path):
+    import json
+
+    from tests.benchmarks.scripts import load_script
+
+    mod = load_script("dynamo_v41")
+    path = tmp_path / "t.jsonl"
+    mod.stand_in(path)
+    st = mod.trace_stats(path)  # the recipes' trace: 3,541 rows, input median ~67,600, p99
+    assert st["rows"] == 3541  # over 450,000, output median ~400, ~90 % designed reuse
+    assert abs(st["input_median"] / 67_600 - 1) < 0.1 and st["input_p99"] > 450_000
+    assert abs(st["output_median"] / 400 - 1) < 0.1 and 0.85 < st["reuse"] < 0.95
+    again = tmp_path / "again.jsonl"
+    mod.stand_in(again)
+    assert again.read_bytes() == path.read_bytes()  # seeded
+    got = json.loads(run("benchmarks/dynamo_v41.py", "--only", "guide-h200-agg", "--trace",
+                         str(path), "--workers", "1", "--json"))
+    (row,) = got["targets"]
+    assert row["command"] == "benchmarks/dynamo_v41.py --only guide-h200-agg"
+    assert row["predicted"]["gpus"] == 16 and set(row["published"]) <= set(row["predicted"])
+    for k, v in row["published"].items():
+        assert row["rel_error"][k] == (row["predicted"][k] - v) / v

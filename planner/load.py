@@ -8,7 +8,7 @@ should say. `LOADS` names, per arrival kind, the field a load sweep turns; `ladd
 The requests a run sends scale with the load from the workload's own (the same requests per
 user in a closed loop or per lane, the same simulated time for open arrivals), at least
 `MIN_REQUESTS`, so that a light load is not a thousand-step-per-request run and a heavy one
-still reaches its steady state.
+still reaches its steady state; a trace replayed at a concurrency sends its rows at every load.
 """
 
 from __future__ import annotations
@@ -37,15 +37,20 @@ class LoadKind:
     """Whether the field takes whole numbers."""
     per_user: bool
     """Closed-loop-like: requests scale per user (else per second of open arrivals)."""
+    whole: bool = False
+    """Every load replays the same requests (a trace's rows, as AIPerf replays the whole file
+    at each concurrency) instead of scaling them."""
 
 
 LOADS: dict[str, LoadKind] = {
     "closed": LoadKind("concurrency", "users", True, True),
     "sessions": LoadKind("concurrency", "session lanes", True, True),
+    "trace": LoadKind("concurrency", "users", True, True, whole=True),
     "poisson": LoadKind("rate", "requests/s", False, False),
     "bursty": LoadKind("rate", "requests/s", False, False),
 }
-"""Arrival kind -> the load a sweep turns (a trace replays its own timestamps: no sweep)."""
+"""Arrival kind -> the load a sweep turns (a trace only where it replays at a concurrency: at
+its own timestamps it has no load to turn)."""
 
 
 def load_kind(workload: Workload) -> LoadKind:
@@ -54,6 +59,10 @@ def load_kind(workload: Workload) -> LoadKind:
     if kind not in LOADS:
         raise SpecError(f"a {kind} arrival has no load to sweep; --loads needs one of "
                         f"{', '.join(LOADS)} arrivals")
+    if getattr(workload.arrival, LOADS[kind].field) is None:
+        raise SpecError(f"a {kind} arrival replayed at its timestamps has no load to sweep; "
+                        f"give it a {LOADS[kind].field} (arrival: {{kind: {kind}, "
+                        f"{LOADS[kind].field}: N}}) to sweep {LOADS[kind].unit}")
     return LOADS[kind]
 
 
@@ -109,7 +118,8 @@ def at_load(workload: Workload, load: float) -> Workload:
     arrival = type(workload.arrival).model_validate(
         {**workload.arrival.model_dump(), kind.field: value})
     floor = max(MIN_REQUESTS, 2 * int(load)) if kind.per_user else MIN_REQUESTS
-    requests = max(round(workload.requests * load / own), floor)
+    requests = (workload.requests if kind.whole
+                else max(round(workload.requests * load / own), floor))
     return Workload.model_validate({**workload.model_dump(), "arrival": arrival.model_dump(),
                                     "requests": min(requests, 10_000_000)})
 

@@ -75,7 +75,8 @@ def traffic(workload: Workload) -> Traffic:
     """The steady-state means of `workload`; SpecError for what the screen cannot read (traces,
     isolated-role modes)."""
     if isinstance(workload.arrival, TraceArrival):
-        raise SpecError("the screen cannot estimate trace arrivals; search without screening")
+        raise SpecError("the screen cannot estimate trace arrivals; search with --no-screen "
+                        "(every feasible point simulated)")
     if workload.mode != "serve":
         raise SpecError(f"search needs workload mode 'serve', not {workload.mode!r}")
     a = workload.arrival

@@ -57,10 +57,16 @@ def test_a_bad_ladder_names_the_value(text, needle):
         ladder(CLOSED, text)
 
 
-def test_a_trace_has_no_load_to_sweep():
-    trace = CLOSED.model_copy(update={"arrival": TraceArrival(path="t.jsonl")})
-    with pytest.raises(SpecError, match="trace arrival has no load to sweep"):
-        ladder(trace, "auto")
+def test_a_trace_sweeps_its_users_where_it_replays_at_a_concurrency():
+    timed = CLOSED.model_copy(update={"arrival": TraceArrival(path="t.jsonl")})
+    with pytest.raises(SpecError, match="replayed at its timestamps has no load to sweep; "
+                                        "give it a concurrency"):
+        ladder(timed, "auto")
+    rows = CLOSED.model_copy(update={"arrival": TraceArrival(path="t.jsonl", concurrency=88)})
+    assert ladder(rows, "44,88,176") == (44, 88, 176)
+    more = at_load(rows, 176)  # AIPerf replays the whole file at every concurrency
+    assert more.arrival.concurrency == 176 and more.requests == rows.requests
+    assert more.arrival.path == "t.jsonl"
 
 
 def test_a_workload_at_another_load_keeps_its_requests_per_user():

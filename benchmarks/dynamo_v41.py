@@ -71,6 +71,8 @@ class Target:
     decode: int = 0
     prefill_tokens: int = 8192
     """The prefill (or aggregated) role's max_num_batched_tokens."""
+    long_prefill: int = 0
+    """The prefill role's --long-prefill-token-threshold (0: unset)."""
     kv_cache: str = "fp8"
     indexer: str = "fp4"
     memory: float = 0.9
@@ -83,27 +85,28 @@ def _pub(tok_s_gpu: float, user_p50: float, ttft_p50: float, **more: float) -> d
 
 TARGETS = (
     # README: TP4 + EP, MegaMoE, fp8_ds_mla KV, MXFP4 indexer keys, DSpark 3, engine defaults
-    # for max-num-seqs and memory; P/D: 2 prefill + 1 decode, 32,768 prefill tokens a step
+    # for max-num-seqs and memory; P/D: 2 prefill + 1 decode, 32,768 prefill tokens a step of
+    # which one prompt takes at most 4,096 (--long-prefill-token-threshold)
     Target("readme-b200-agg", README, "b200", 88, _pub(488.9, 54.65, 210, itl_p50=18.30),
            aggregated=2),
     Target("readme-b200-pd", README, "b200", 160, _pub(610.8, 52.14, 2389, itl_p50=19.18),
-           prefill=2, decode=1, prefill_tokens=32768),
+           prefill=2, decode=1, prefill_tokens=32768, long_prefill=4096),
     Target("readme-gb200-agg", README, "gb200", 88, _pub(533.2, 54.23, 296, itl_p50=18.44),
            aggregated=2),
     Target("readme-gb200-pd", README, "gb200", 168, _pub(694.7, 59.86, 3237, itl_p50=16.71),
-           prefill=2, decode=1, prefill_tokens=32768),
+           prefill=2, decode=1, prefill_tokens=32768, long_prefill=4096),
     # the guide: aggregated at 16,384 tokens a step and 0.92 of memory; P/D 1 + 1 (B200 with
     # the fp4 KV records its auto dtype resolved to); H200: CUTLASS MoE, 8,192 tokens
     Target("guide-b200-agg", GUIDE, "b200", 168, _pub(990.57, 54.69, 178.66, ttft_p90=3068.28),
            aggregated=2, prefill_tokens=16384, memory=0.92),
     Target("guide-b200-pd", GUIDE, "b200", 184,
            _pub(1087.71, 82.12, 135.12, ttft_p90=90076.83), prefill=1, decode=1,
-           prefill_tokens=32768, kv_cache="fp4"),
+           prefill_tokens=32768, long_prefill=4096, kv_cache="fp4"),
     Target("guide-gb200-agg", GUIDE, "gb200", 168, _pub(953.08, 51.83, 286.75, ttft_p90=3524.82),
            aggregated=2, prefill_tokens=16384, memory=0.92),
     Target("guide-gb200-pd", GUIDE, "gb200", 168,
            _pub(1154.87, 80.85, 169.02, ttft_p90=57116.54), prefill=1, decode=1,
-           prefill_tokens=32768, memory=0.92),
+           prefill_tokens=32768, long_prefill=4096, memory=0.92),
     Target("guide-h200-agg", GUIDE, "h200", 80, _pub(209.18, 51.32, 171.29, ttft_p90=6368.76),
            aggregated=4, memory=0.92),
     Target("guide-h200-pd", GUIDE, "h200", 64, _pub(359.41, 50.63, 177.59, ttft_p90=35043.23),
@@ -113,14 +116,16 @@ TARGETS = (
 
 def deployment(t: Target) -> Deployment:
     """The recipe's deployment: TP4 instances with expert parallelism and DSpark 3."""
-    def role(instances: int, tokens: int) -> RoleSpec:
+    def role(instances: int, tokens: int, long_prefill: int = 0) -> RoleSpec:
         return RoleSpec(instances=instances, tp=4, enable_expert_parallel=True,
                         max_num_seqs=1024, max_num_batched_tokens=tokens, speculative=DRAFT,
-                        gpu_memory_utilization=t.memory)
+                        gpu_memory_utilization=t.memory,
+                        long_prefill_token_threshold=long_prefill)
 
     roles: dict[str, RoleSpec] = (
         {"aggregated": role(t.aggregated, t.prefill_tokens)} if t.aggregated else
-        {"prefill": role(t.prefill, t.prefill_tokens), "decode": role(t.decode, 8192)})
+        {"prefill": role(t.prefill, t.prefill_tokens, t.long_prefill),
+         "decode": role(t.decode, 8192)})
     return Deployment(model="deepseek-v4.1-flash", hardware=t.hardware, engine="vllm",
                       precision=Precision(weights="fp4", kv_cache=t.kv_cache,
                                           indexer_cache=t.indexer), **roles)

@@ -100,7 +100,10 @@ class VllmEngine(Engine):
         memory: Flag = (("--kv-cache-memory-bytes", CPU_KV_CACHE_BYTES) if cpu else
                         ("--gpu-memory-utilization", str(role.gpu_memory_utilization)))
         flags: list[Flag] = [("--max-num-seqs", role.max_num_seqs),
-                             ("--max-num-batched-tokens", role.max_num_batched_tokens), memory,
+                             ("--max-num-batched-tokens", role.max_num_batched_tokens),
+                             *([("--long-prefill-token-threshold",
+                                 role.long_prefill_token_threshold)]
+                               if role.long_prefill_token_threshold else []), memory,
                              *([("--block-size", block)] if block is not None else []),
                              ("--kv-cache-dtype", kv_dtype), *family.flags(deployment)]
         if role.expert_parallel:

@@ -4,7 +4,8 @@ A request taken by the instance goes to the rank with the fewest outstanding pro
 waits in that rank's queue. Each step, every rank fills its token budget first-come
 first-served: requests already started continue, then queued ones are admitted (when the
 instance's `admit` callback finds KV space and a sequence slot) and get a chunk of what budget
-is left. A request's last chunk ends its prefill.
+is left, each at most `cap` tokens (vLLM's long-prefill threshold). A request's last chunk ends
+its prefill.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ class ChunkScheduler:
     """Queues and running prefills of each rank."""
 
     def __init__(self, ranks: int, budget: int, max_seqs: int,
-                 admit: Callable[[int, int], int | None]) -> None:
+                 admit: Callable[[int, int], int | None], cap: int = 0) -> None:
         self.budget, self.max_seqs = budget, max_seqs
+        self.cap = cap if cap > 0 else budget
+        """Most tokens one request computes in a step (vLLM's long_prefill_token_threshold)."""
         self.admit = admit
         """admit(rank, rid) -> a handle when the request may start on the rank, else None."""
         self.queues: list[deque[tuple[int, int, int]]] = [deque() for _ in range(ranks)]
@@ -96,7 +99,7 @@ class ChunkScheduler:
             room = self.max_seqs if seats is None else int(seats[r])
             running, queue = self.running[r], self.queues[r]
             while queue and len(running) < room and left > sum(
-                    e.remaining for e in running):
+                    min(e.remaining, self.cap) for e in running):
                 rid, uncached, cached = queue[0]
                 ref = self.admit(r, rid)
                 if ref is None:
@@ -106,7 +109,7 @@ class ChunkScheduler:
             for entry in running:
                 if left <= 0:
                     break
-                take = min(entry.remaining, left)
+                take = min(entry.remaining, left, self.cap)
                 left -= take
                 chunks[r].append((entry, take))
                 tokens[r] += take

@@ -375,7 +375,7 @@ class Engine:
         limits, the per-rank prefix caches, and the ranks blocked on admission."""
         self.cache, self.finish_at_prefill = cache, finish_at_prefill
         self.chunks = ChunkScheduler(self.dp, spec.max_num_batched_tokens, spec.max_num_seqs,
-                                     admit)
+                                     admit, spec.long_prefill_token_threshold)
         self._blocked: set[int] = set()
         self._loading = np.zeros(self.dp)
         """Per rank: prompt tokens of requests not queued yet (their blocks still coming from

@@ -91,6 +91,11 @@ class RoleSpec(Spec):
     """Most sequences in a batch, per rank, at most 1,048,576 (default 256)."""
     max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_CONTEXT_TOKENS)
     """Most tokens in one engine step, per rank, at most 10,000,000 (default 8192)."""
+    long_prefill_token_threshold: int = Field(0, ge=0, le=MAX_CONTEXT_TOKENS)
+    """Most prompt tokens one request computes in a step (vLLM's
+    --long-prefill-token-threshold): a longer prompt is chunked at this many and the step's
+    other tokens go to the prompts queued behind it; 0: a prompt takes what the step's budget
+    leaves (default 0, vLLM's with one partial prefill at a time)."""
     redundant_experts: int = Field(0, ge=0)
     """Extra expert slots per MoE layer placed by EPLB; needs dep (default 0)."""
     speculative: Speculative | None = None

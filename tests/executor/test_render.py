@@ -202,6 +202,16 @@ def test_a_single_role_bench_deck_is_not_deployed():
         render(d)
 
 
+def test_the_long_prefill_threshold_is_rendered_where_a_role_sets_it():
+    d = Deployment(model="deepseek-v3", hardware="h200",
+                   prefill=RoleSpec(dep=8, max_num_batched_tokens=32768,
+                                    long_prefill_token_threshold=4096),
+                   decode=RoleSpec(dep=8))
+    pre, dec = render(d).processes[0], render(d).processes[-1]
+    assert flag(pre.argv, "--long-prefill-token-threshold") == "4096"
+    assert "--long-prefill-token-threshold" not in dec.argv  # 0: vLLM's own default
+
+
 def test_dual_batch_overlap_flags():
     d = Deployment(model="deepseek-v3", hardware="h200",
                    prefill=RoleSpec(dep=16, dbo=True, dbo_prefill_token_threshold=1024),

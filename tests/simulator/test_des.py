@@ -461,6 +461,25 @@ def test_chunked_prefill_splits_a_long_prompt_over_steps() -> None:
     assert plans == [[8192, 100], [8192, 0], [3616, 0]]
 
 
+def test_the_long_prefill_threshold_shares_a_step_with_the_prompts_behind() -> None:
+    """vLLM's --long-prefill-token-threshold 4096 with a 16,384-token budget: a 20,000-token
+    prompt computes 4,096 tokens a step and the prompts queued behind it take the rest, where
+    without it the long prompt takes the whole step and they wait."""
+    def steps(cap: int) -> list[list[int]]:
+        sched = ChunkScheduler(1, 16384, 256, lambda rank, rid: 0, cap)
+        for rid, n in enumerate((20000, 3000, 9000)):
+            sched.enqueue(rid, n, 0, rank=0)
+        out = []
+        while sched.has_work():
+            plan = sched.plan()
+            out.append([take for _, take in plan.chunks[0]])
+            sched.advance(plan)
+        return out
+
+    assert steps(4096) == [[4096, 3000, 4096], [4096, 4096], [4096, 808], [4096], [3616]]
+    assert steps(0) == [[16384], [3616, 3000, 9000]]
+
+
 def test_a_slot_activated_during_a_step_joins_the_next_one() -> None:
     kv = KvPool(1, 10_000, lambda: 0.0)
     slots = DecodeSlots(1, 4, kv)

@@ -40,6 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from simulator.des.prefix_cache import BLOCK_TOKENS  # noqa: E402
 from simulator.specs.deployment import Deployment, Precision, RoleSpec, Speculative  # noqa: E402
 from simulator.specs.workload import TraceArrival, Workload  # noqa: E402
 
@@ -168,7 +169,7 @@ def stand_in(path: Path, shape: StandIn = StandIn(), seed: int = 0) -> None:
     """Write a Mooncake-format trace of `shape` (input_length, output_length, hash_ids) to
     `path`: sessions whose turns resend the whole growing history."""
     rng = np.random.default_rng(seed)
-    block = 512
+    block = BLOCK_TOKENS
     next_id = 0
 
     def fresh(n: int) -> list[int]:
@@ -227,7 +228,7 @@ def trace_stats(path: Path) -> dict[str, float]:
         row = json.loads(line)
         n, ids = int(row["input_length"]), row.get("hash_ids") or []
         hit = next((j for j, b in enumerate(ids) if b not in seen), len(ids))
-        reused += min(hit * 512, n)
+        reused += min(hit * BLOCK_TOKENS, n)
         seen.update(ids)
         inputs.append(n)
         outputs.append(int(row["output_length"]))

@@ -80,8 +80,8 @@ def check_workload_fits(workload: Workload, model: ModelSpec) -> None:
                   else f"shorten the turns of {a.traces}")
         check_requests_fit("session turns", prompt, 1 if one else output, model, remedy)
     elif isinstance(a, TraceArrival):
-        from simulator.des.traces import read_trace
-        t = read_trace(a.path, a.time_scale, workload.requests, in_order=a.concurrency is not None)
+        from simulator.des.traces import arrival_trace
+        t = arrival_trace(a, workload.requests)
         check_requests_fit("trace rows", t.input_len, 1 if one else t.output_len, model,
                            f"shorten the rows of {a.path}")
 

@@ -83,17 +83,15 @@ class Traffic:
 
     def start(self) -> None:
         a = self.workload.arrival
+        if isinstance(a, TraceArrival) and self.trace is None:
+            raise SpecError("trace arrival needs a trace")
         if self.replay is not None:
             self.replay.start()
-        elif isinstance(a, TraceArrival):
-            if self.trace is None:
-                raise SpecError("trace arrival needs a trace")
-            if a.concurrency is None:
-                self.env.process(self._replay(self.trace))
-            else:  # the rows in file order, each user's next when its last ends
-                for _ in range(min(a.concurrency, self.table.capacity)):
-                    self.env.process(self._user())
-        elif isinstance(a, ClosedArrival):
+        elif isinstance(a, TraceArrival) and a.concurrency is None:
+            assert self.trace is not None  # checked above
+            self.env.process(self._replay(self.trace))
+        elif isinstance(a, ClosedArrival | TraceArrival):  # users; a trace's rows in file order
+            assert a.concurrency is not None
             users = min(a.concurrency, self.table.capacity)
             for i in range(users):
                 self.env.process(self._user(self.spread_s * i / users))

@@ -42,7 +42,7 @@ from simulator.des.pricing import StepPricer
 from simulator.des.replay import load_corpus
 from simulator.des.requests import RequestTable
 from simulator.des.slots import KV_ADMISSION
-from simulator.des.traces import Trace, read_trace
+from simulator.des.traces import Trace, arrival_trace
 from simulator.des.transfer import KvNetwork
 from simulator.resolve import resolve
 from simulator.specs.deployment import Deployment, RoleSpec
@@ -228,8 +228,7 @@ class _Run:
         a = self.workload.arrival
         if not isinstance(a, TraceArrival):
             return None
-        return read_trace(a.path, a.time_scale, self.workload.requests,
-                          in_order=a.concurrency is not None)
+        return arrival_trace(a, self.workload.requests)
 
     def _running_roles(self) -> list[str]:
         mode, roles = self.workload.mode, self.deployment.roles

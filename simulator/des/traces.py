@@ -26,6 +26,7 @@ import numpy as np
 
 from simulator.des.prefix_cache import BLOCK_TOKENS
 from simulator.specs.errors import SpecError
+from simulator.specs.workload import TraceArrival
 
 COLUMNS = ("timestamp", "input_length", "output_length")
 """Columns a trace row must have; hash_ids is optional."""
@@ -66,6 +67,13 @@ def read_trace(path: str | Path, time_scale: float = 1.0, limit: int | None = No
     if not p.is_file():
         raise SpecError(f"trace file {str(p)!r} does not exist; give a .jsonl or .csv trace")
     return _read_trace(p, file_stamp(p), time_scale, limit, in_order)
+
+
+def arrival_trace(arrival: TraceArrival, limit: int | None = None) -> Trace:
+    """The first `limit` rows a trace arrival replays: by arrival at its timestamps, or in file
+    order at a fixed concurrency."""
+    return read_trace(arrival.path, arrival.time_scale, limit,
+                      in_order=arrival.concurrency is not None)
 
 
 @functools.lru_cache(maxsize=4)

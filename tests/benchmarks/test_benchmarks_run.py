@@ -108,3 +108,13 @@ def test_dynamo_v41_stand_in_has_the_published_statistics_and_a_target_runs(tmp_
     assert row["predicted"]["gpus"] == 16 and set(row["published"]) <= set(row["predicted"])
     for k, v in row["published"].items():
         assert row["rel_error"][k] == (row["predicted"][k] - v) / v
+
+
+def test_ttft_waves_prints_each_engines_first_wave_share():
+    out = run("benchmarks/ttft_waves.py", "--sample", "1", "--workers", "1")
+    assert "aggregated MoE rows at 128+ users, 3 covered of 3 sampled" in out
+    lines = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.strip()}
+    assert sorted(lines) == ["sglang", "trtllm", "vllm"]
+    for cells in lines.values():
+        share = float(cells[4].rstrip("%"))
+        assert 0 < share < 100  # the first wave carries part of the mean, never all of it

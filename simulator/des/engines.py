@@ -55,6 +55,13 @@ class Sink(Protocol):
         """The request's last token is out (table.finish is set)."""
 
 
+MIXED_STEPS: dict[str, bool] = {"vllm": True, "sglang": False, "trtllm": True}
+"""Whether an engine's aggregated instance computes prompt chunks beside its decode rows in one
+step: vLLM's chunked prefill and TensorRT-LLM's in-flight batching do; SGLang runs a step of
+prompts alone whenever it can form one and decodes in the other steps (its scheduler's prefill
+first; mixing needs --enable-mixed-chunk, which InferenceX's recipes do not pass)."""
+
+
 @dataclass(frozen=True)
 class Shared:
     """What every engine of a run shares."""
@@ -79,6 +86,9 @@ class Shared:
     kv_admission: str = "whole"
     """How the engine admits requests against the KV cache of an aggregated instance
     (`slots.KV_ADMISSION`)."""
+    mixed_steps: bool = True
+    """An aggregated instance computes prompt chunks and decode rows in one step (MIXED_STEPS);
+    False: a step with prompt work computes only prompts, its decode requests wait."""
 
 
 class Engine:
@@ -690,14 +700,21 @@ class AggregatedEngine(DecodeEngine):
                 return None
             z = np.zeros(self.dp)
             return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
-        budget = np.maximum(self.spec.max_num_batched_tokens - n * (1 + self.spec_tokens), 0)
+        alone = not self.shared.mixed_steps  # prompts first, in steps of their own
+        rows = np.zeros_like(n) if alone else n
+        budget = np.maximum(self.spec.max_num_batched_tokens - rows * (1 + self.spec_tokens), 0)
         self._blocked.clear()
         chunks = self.chunks.plan(budget)
         for r in range(self.dp):
             self.kv.note(r, r in self._blocked, len(self.chunks.queues[r]))
-        if not n.any() and not chunks.tokens.any():
+        if alone and not chunks.tokens.any():  # no prompt fits: the decode rows step
+            if not n.any():
+                return None
+            z = np.zeros(self.dp)
+            return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
+        if not rows.any() and not chunks.tokens.any():
             return None
-        return StepPlan(n, ctx, chunks.tokens, chunks.requests, chunks.context, chunks,
+        return StepPlan(rows, ctx, chunks.tokens, chunks.requests, chunks.context, chunks,
                         *self._snapshot())
 
     def _hold_prompts(self, decoding: np.ndarray) -> bool:

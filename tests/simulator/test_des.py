@@ -193,6 +193,27 @@ def test_sglang_takes_in_requests_every_recv_interval_decode_steps(tmp_path: Pat
         assert late == pytest.approx(extra * step, rel=0.02, abs=1e-6)
 
 
+def test_sglang_computes_a_prompt_in_a_step_of_its_own_while_decode_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's scheduler runs a step of prompts alone whenever it can form one (prefill first,
+    no --enable-mixed-chunk): a request decoding when another's prompt arrives gets no token in
+    that step, so it ends one decode step later than where the prompt's step carries its row."""
+    import simulator.des.engines as engines
+
+    path = tmp_path / "two.csv"
+    path.write_text("timestamp,input_length,output_length\n0,2048,400\n1000,8192,1\n")  # ms
+    wl = Workload(arrival=TraceArrival(path=str(path)), requests=2)
+    dep = Deployment(model="deepseek-v3", hardware="h200", engine="sglang",
+                     aggregated=RoleSpec(dep=8))
+    sync = SimOptions(schedule_ahead=False)
+    alone = simulate(dep, wl, expert_counts=UNIFORM, options=sync)
+    monkeypatch.setitem(engines.MIXED_STEPS, "sglang", True)
+    mixed = simulate(dep, wl, expert_counts=UNIFORM, options=sync)
+    decode_step = one_rank_step(cost_instance("aggregated", RoleSpec(dep=8)), True, 2048 + 64)
+    assert alone.e2e_s[0] - mixed.e2e_s[0] == pytest.approx(decode_step, rel=0.05)
+    assert alone.ttft_s[1] <= mixed.ttft_s[1]
+
+
 def test_redundant_experts_balance_ep_ranks_and_cost_kv_capacity() -> None:
     pop = power_law_popularity(np.random.default_rng(3), MODEL.moe_layers, 256)
     plain = ExpertLoad(pop, 8, 0, MODEL.top_k)

@@ -37,6 +37,7 @@ from simulator.calibration.serving import (
 from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.errors import SpecError
 from simulator.specs.model import load_model
+from simulator.specs.routing import RouterPolicy
 from simulator.specs.workload import Workload
 from simulator.workers import stop_pool, worker_pool
 
@@ -149,10 +150,21 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
     if dp > 1:  # attention DP, each DP rank a TP group when tp > 1 (no row reads so now)
         # `recv` is not applied: the recipes that set it run DP size 1 (`recv_interval`)
         a2a = WIDE_EP[name] if engine != "vllm" and moe else None
+        # one server: its own DP load balancer picks a rank for each request (ENGINE_DP_ROUTER)
         return RoleSpec(dep=dp, tp=tp if tp > 1 else None, all2all_backend=a2a,
-                        attention_dp_balance=engine == "trtllm", **common)
+                        attention_dp_balance=engine == "trtllm", router=ENGINE_DP_ROUTER,
+                        **common)
     return RoleSpec(tp=tp, enable_expert_parallel=moe and ep > 1, recv_interval=recv, **common)
 
+
+ENGINE_DP_ROUTER: RouterPolicy = "least_requests"
+"""How a measured row's server spreads requests over its DP ranks: its own load balancer, not
+a prefix-aware router (the rows' prompts are random and the client talks to one server). The
+router picks the instance by fewest requests and the instance picks the rank as the engine's
+balancer does (`AggregatedEngine._least_busy_rank`: vLLM's 4 x waiting + running, the
+fewest requests for the others); prefix_aware, the aggregated default, would send every
+prompt to a rank with no prompt queued, even one whose slots are all decoding, where it waits
+for one of them to end."""
 
 SGLANG_RECV_SYSTEMS = ("b200_sxm", "b300_sxm")
 """Systems whose InferenceX aggregated SGLang recipes pass --scheduler-recv-interval."""

@@ -62,6 +62,14 @@ prompts alone whenever it can form one and decodes in the other steps (its sched
 first; mixing needs --enable-mixed-chunk, which InferenceX's recipes do not pass)."""
 
 
+WAITING_WEIGHT: dict[str, float] = {"vllm": 4.0, "sglang": 1.0, "trtllm": 1.0}
+"""Per engine, the weight of a waiting request against a running one when an aggregated
+instance with DP ranks picks a rank for a new request: vLLM's DP client scores each engine
+core 4 x waiting + running; TensorRT-LLM's attention DP hands new requests to the ranks with
+the fewest active requests; SGLang's DP attention (round robin by default) is taken as the
+fewest requests too."""
+
+
 @dataclass(frozen=True)
 class Shared:
     """What every engine of a run shares."""
@@ -89,6 +97,9 @@ class Shared:
     mixed_steps: bool = True
     """An aggregated instance computes prompt chunks and decode rows in one step (MIXED_STEPS);
     False: a step with prompt work computes only prompts, its decode requests wait."""
+    waiting_weight: float = 1.0
+    """How much more a waiting request counts than a running one where an aggregated instance
+    picks a DP rank for a new request (WAITING_WEIGHT)."""
 
 
 class Engine:
@@ -412,13 +423,17 @@ class Engine:
         return np.array([cached_tokens(self.cache.peek(r, blocks), n, bt)
                          for r in range(self.dp)], dtype=float)
 
+    def _least_busy_rank(self) -> int:
+        """The rank a prompt goes to when no router named one: the least prompt work."""
+        return int(np.argmin(self.chunks.outstanding + self._loading))
+
     def _enqueue_prompt(self, rid: int, rank: int | None = None) -> None:
         """Queue a request's uncached prompt tokens for chunked prefill, on `rank` (default: the
         rank with the least prompt work); blocks held only in the host tier are loaded first."""
         t = self.table
         n, blocks = int(t.input_len[rid]), t.blocks[rid]
         if rank is None:
-            rank = int(np.argmin(self.chunks.outstanding + self._loading))
+            rank = self._least_busy_rank()
         load = 0
         if blocks is not None and self.cache is not None:
             hbm, host = self.cache.lookup(rank, blocks)
@@ -671,8 +686,11 @@ class AggregatedEngine(DecodeEngine):
                  finish_at_prefill: bool = False) -> None:
         super().__init__(shared, name, spec, pricer, experts, kv_tokens, shared.kv_admission)
         self._init_prompts(spec, cache, finish_at_prefill, self._reserve)
-        self._held = 0
-        """Steps new prompts have been held for the other DP ranks (attention_dp_balance)."""
+        self._balance_clock = 0
+        """TensorRT-LLM's attention-DP waiting count (attention_dp_balance): steps since it last
+        released or found a prompt on every rank (`_hold_prompts`)."""
+        self._clock_counted = False
+        """Whether `plan` counted the planned step on the clock (`apply` counts the others)."""
         self._resumed: dict[int, float] = {}
         """Preempted requests queued to compute their KV again: id -> output tokens they had."""
         self.preempted = 0
@@ -685,6 +703,17 @@ class AggregatedEngine(DecodeEngine):
     def rank_requests(self) -> np.ndarray:
         return super().rank_requests() + self.slots.requests()
 
+    def _least_busy_rank(self) -> int:
+        """The DP rank a new request goes to: the least `waiting_weight` x waiting + running
+        requests (vLLM's DP load balancer scores 4 x waiting + running; first of equals), so
+        that a rank whose slots are all decoding is not handed a prompt while another has
+        room. (By prompt work alone, every rank without a queued prompt ties and the first
+        takes each new request, to wait there for one of its own to end.)"""
+        running = self.slots.held
+        waiting = self.chunks.requests() + self._arriving - np.array(
+            [len(r) for r in self.chunks.running])
+        return int(np.argmin(self.shared.waiting_weight * waiting + running))
+
     def _reserve(self, rank: int, rid: int) -> int | None:
         output = 0.0 if self.finish_at_prefill else float(self.table.output_len[rid])
         had = self._resumed.get(rid, 0.0)  # a resumed request holds its output so far too
@@ -695,6 +724,7 @@ class AggregatedEngine(DecodeEngine):
 
     def plan(self) -> StepPlan | None:
         n, ctx = self.slots.batch()
+        self._clock_counted = False
         if not self.chunks.has_work() or self._hold_prompts(n):  # a decode-only step
             if not n.any():
                 return None
@@ -718,16 +748,38 @@ class AggregatedEngine(DecodeEngine):
                         *self._snapshot())
 
     def _hold_prompts(self, decoding: np.ndarray) -> bool:
-        """Whether this step holds the queued prompts (TensorRT-LLM's attention-DP balance):
-        only while some rank has none to start, every rank has requests to decode and no
-        prompt is half done, for at most ADP_BALANCE_TIMEOUT_STEPS steps in a row."""
-        if (not self.spec.attention_dp_balance or self.dp == 1 or any(self.chunks.running)
-                or all(self.chunks.queues) or not decoding.all()
-                or self._held >= ADP_BALANCE_TIMEOUT_STEPS):
-            self._held = 0
+        """Whether this step holds the queued prompts (TensorRT-LLM's attention-DP balance,
+        its executor's `_balance_adp_requests`): a step that finds a prompt to start on every
+        rank, or a prompt half done, starts them and sets the waiting count to 0; any other
+        step adds one to the count and holds the prompts, unless the count reaches
+        ADP_BALANCE_TIMEOUT_STEPS or a rank with a prompt has nothing to decode (ranks with
+        nothing at all decode a dummy request there), which start them and set it to 0. The
+        count runs in steps with nothing queued too (`_count_steps`), so a prompt waits until
+        the count next reaches the timeout: half of it on average, not all of it."""
+        if not self.spec.attention_dp_balance or self.dp == 1:
             return False
-        self._held += 1
+        self._clock_counted = True
+        queued = [bool(q) for q in self.chunks.queues]
+        if all(queued) or any(self.chunks.running):
+            self._balance_clock = 0
+            return False
+        self._balance_clock += 1
+        starved = any(q and not d for q, d in zip(queued, decoding.tolist(), strict=True))
+        if self._balance_clock >= ADP_BALANCE_TIMEOUT_STEPS or starved:
+            self._balance_clock = 0
+            return False
         return True
+
+    def _count_steps(self, plan: StepPlan, steps: int) -> None:
+        """The attention-DP waiting count over `steps` steps that `plan` did not count: steps
+        with no prompt queued, each adding one, back to 0 at the timeout (nothing to release),
+        or at 0 where no rank decodes (no dummy requests then)."""
+        if self._clock_counted or not self.spec.attention_dp_balance or self.dp == 1:
+            return
+        if not plan.decode_requests.any():
+            self._balance_clock = 0
+            return
+        self._balance_clock = (self._balance_clock + steps) % ADP_BALANCE_TIMEOUT_STEPS
 
     def repeats(self, plan: StepPlan) -> int:
         """As a decode instance's, while no prompt is queued or held, and (optimistic
@@ -739,6 +791,7 @@ class AggregatedEngine(DecodeEngine):
         return steps if full is None else min(steps, full)
 
     def apply(self, plan: StepPlan, seconds: float, steps: int = 1) -> None:
+        self._count_steps(plan, steps)
         if plan.decode_requests.any():
             super().apply(plan, seconds, steps)
             if self.slots.optimistic:

@@ -123,10 +123,11 @@ class RoleSpec(Spec):
     sglang only, at most 1,000)."""
     attention_dp_balance: bool = False
     """Hold new prompts until every DP rank has one to start, so that the ranks prefill in the
-    same step instead of one rank's prefill stalling the others' decode; released after
-    ADP_BALANCE_TIMEOUT_STEPS waiting steps, or at once while some rank has nothing to decode
-    (TensorRT-LLM's attention_dp_config enable_balance, timeout_iters 60, batching_wait_iters
-    0; engine trtllm with dep only) (default false)."""
+    same step instead of one rank's prefill stalling the others' decode; released when the
+    engine's waiting count (steps in which not every rank had a prompt, whether or not one
+    waited) reaches ADP_BALANCE_TIMEOUT_STEPS, or at once where a rank with a prompt has
+    nothing to decode (TensorRT-LLM's attention_dp_config enable_balance, timeout_iters 60,
+    batching_wait_iters 0; engine trtllm with dep only) (default false)."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """Share of GPU memory the engine may use, in (0, 1] (default 0.9): of the whole HBM for
     vLLM and SGLang, of the memory the loaded model leaves free for TensorRT-LLM (its
@@ -423,8 +424,9 @@ def uses_mega_attention(architecture: str | None, hardware: str) -> bool:
 
 
 ADP_BALANCE_TIMEOUT_STEPS = 60
-"""Steps a held prompt waits for the other DP ranks before it starts anyway (TensorRT-LLM's
-attention_dp_config timeout_iters as InferenceX's DeepSeek recipes set it)."""
+"""The count of steps at which held prompts start anyway (TensorRT-LLM's attention_dp_config
+timeout_iters as InferenceX's DeepSeek recipes set it); the count runs whether or not a prompt
+waits, so a prompt waits for its next timeout, up to this many steps."""
 
 
 def uses_mega_moe(architecture: str, hardware: str, role: RoleSpec, weights: str) -> bool:

@@ -665,6 +665,23 @@ def test_spread_clients_leave_the_lock_step_waves_of_a_burst():
     assert run("spread").metrics() == spread.metrics()  # still deterministic
 
 
+def test_a_new_request_goes_to_the_dp_rank_with_room_not_the_first_without_prompts() -> None:
+    """An aggregated DEP instance picks the rank for a request no router placed as the
+    engine's DP balancer does (vLLM: least 4 x waiting + running): with one slot a rank and
+    every user's next request sent as its last ends, each goes to the rank that just freed
+    its slot and starts at once. (By queued prompt work alone every rank ties, the first
+    takes it, and it waits there for that rank's own request to end.)"""
+    dep = Deployment(model="deepseek-v3", hardware="h200", engine="vllm",
+                     aggregated=RoleSpec(dep=8, max_num_seqs=1, router="least_requests"))
+    wl = Workload(arrival=ClosedArrival(concurrency=8), requests=48,
+                  input_tokens=FixedLength(value=512),
+                  output_tokens=UniformLength(low=100, high=300), seed=1)
+    res = simulate(dep, wl, expert_counts=UNIFORM)
+    assert res.completed == 48
+    decode = res.e2e_s - res.ttft_s
+    assert res.ttft_s.max() < 0.5 * decode.min()  # nobody waited for another's decode
+
+
 def _balanced_run(balance: bool) -> Any:
     spec = RoleSpec(dep=8, max_num_seqs=8, attention_dp_balance=balance)
     dep = Deployment(model="deepseek-v3", hardware="h200", engine="trtllm", aggregated=spec)
@@ -672,6 +689,34 @@ def _balanced_run(balance: bool) -> Any:
                   input_tokens=UniformLength(low=6553, high=8192),
                   output_tokens=UniformLength(low=200, high=256), seed=0)
     return simulate(dep, wl, expert_counts=UNIFORM)
+
+
+def test_attention_dp_balance_releases_prompts_when_its_running_count_times_out(
+        tmp_path: Path) -> None:
+    """TensorRT-LLM counts the steps in which not every rank has a prompt to start, whether or
+    not a prompt waits, and releases the held ones when the count reaches 60 (then starts from
+    0): a prompt arriving in the 20th decode step after the count last started waits ~39 steps,
+    one arriving in the 80th (the count then at 20) as long; not 60 steps each."""
+    dep = Deployment(model="deepseek-v3", hardware="h200", engine="trtllm",
+                     aggregated=RoleSpec(dep=8, attention_dp_balance=True))
+    free = dep.model_copy(update={"aggregated": RoleSpec(dep=8)})
+    sync = SimOptions(schedule_ahead=False)
+
+    def run(d: Deployment, rows: str) -> Any:
+        path = tmp_path / "trace.csv"
+        path.write_text("timestamp,input_length,output_length\n" + rows)
+        wl = Workload(arrival=TraceArrival(path=str(path)), requests=rows.count("\n"))
+        return simulate(d, wl, expert_counts=UNIFORM, options=sync)
+
+    both = "0,2048,400\n" * 8  # a prompt on each rank: started at once, the count at 0
+    alone = run(free, both)
+    prefill = float(alone.ttft_s[0])
+    step = alone.metrics()["tpot_ms"]["mean"] / 1e3
+    for arrives_in in (20, 80):
+        at_ms = (prefill + (arrives_in - 0.5) * step) * 1e3
+        rows = both + f"{at_ms:.6f},2048,1\n"
+        late = run(dep, rows).ttft_s[8] - run(free, rows).ttft_s[8]
+        assert late == pytest.approx((59 - arrives_in % 60) * step, abs=1.5 * step)
 
 
 def test_attention_dp_balance_prefills_the_ranks_together() -> None:

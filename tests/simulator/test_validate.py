@@ -40,6 +40,8 @@ def test_aggregated_dep_row_becomes_a_dep_deployment(rows):
     case = case_from_row(row)
     agg = case.deployment.aggregated
     assert agg is not None and agg.dep == 8
+    # one server: its own DP balancer spreads requests over the ranks, not a prefix router
+    assert agg.router == "least_requests"
     assert case.workload.arrival.concurrency == int(row.concurrency)
     # InferenceX's client draws lengths uniformly from [int(0.8 L), L]
     assert (case.workload.input_tokens.low, case.workload.input_tokens.high) == (

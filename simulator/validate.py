@@ -150,15 +150,15 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
     if dp > 1:  # attention DP, each DP rank a TP group when tp > 1 (no row reads so now)
         # `recv` is not applied: the recipes that set it run DP size 1 (`recv_interval`)
         a2a = WIDE_EP[name] if engine != "vllm" and moe else None
-        # one server: its own DP load balancer picks a rank for each request (ENGINE_DP_ROUTER)
+        # aggregated: one server, whose own DP balancer picks each request's rank
+        router = ENGINE_DP_ROUTER if name == "aggregated" else None
         return RoleSpec(dep=dp, tp=tp if tp > 1 else None, all2all_backend=a2a,
-                        attention_dp_balance=engine == "trtllm", router=ENGINE_DP_ROUTER,
-                        **common)
+                        attention_dp_balance=engine == "trtllm", router=router, **common)
     return RoleSpec(tp=tp, enable_expert_parallel=moe and ep > 1, recv_interval=recv, **common)
 
 
 ENGINE_DP_ROUTER: RouterPolicy = "least_requests"
-"""How a measured row's server spreads requests over its DP ranks: its own load balancer, not
+"""How an aggregated row's server spreads requests over its DP ranks: its own load balancer, not
 a prefix-aware router (the rows' prompts are random and the client talks to one server). The
 router picks the instance by fewest requests and the instance picks the rank as the engine's
 balancer does (`AggregatedEngine._least_busy_rank`: vLLM's 4 x waiting + running, the

@@ -428,8 +428,8 @@ class Engine:
         return int(np.argmin(self.chunks.outstanding + self._loading))
 
     def _enqueue_prompt(self, rid: int, rank: int | None = None) -> None:
-        """Queue a request's uncached prompt tokens for chunked prefill, on `rank` (default: the
-        rank with the least prompt work); blocks held only in the host tier are loaded first."""
+        """Queue a request's uncached prompt tokens for chunked prefill, on `rank` (default:
+        `_least_busy_rank`); blocks held only in the host tier are loaded first."""
         t = self.table
         n, blocks = int(t.input_len[rid]), t.blocks[rid]
         if rank is None:
@@ -679,7 +679,8 @@ class DecodeEngine(Engine):
 
 
 class AggregatedEngine(DecodeEngine):
-    """An instance that prefills and decodes in mixed steps (no P/D)."""
+    """An instance that prefills and decodes (no P/D), in mixed steps where its engine mixes
+    them (MIXED_STEPS)."""
 
     def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
                  experts: ExpertLoad | None, kv_tokens: int, cache: RankCaches | None,

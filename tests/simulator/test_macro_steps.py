@@ -99,6 +99,17 @@ CASES: dict[str, tuple[Deployment, Workload]] = {
                  mode="decode_only", seed=4)),
     "AgentX sample sessions on the V4 P/D deck": agentx_sample(),
     "aggregated vLLM, MTP, KV outgrown: preemption": tight_vllm_aggregated(),
+    "aggregated TensorRT-LLM DP, attention-DP balance's waiting count": (
+        Deployment(model="deepseek-v3", hardware="h200", engine="trtllm",
+                   aggregated={"dep": 8, "attention_dp_balance": True,
+                               "router": "least_requests"}),
+        Workload(arrival=ClosedArrival(concurrency=32), requests=160,
+                 input_tokens=uniform(500, 2000), output_tokens=uniform(50, 300), seed=7)),
+    "aggregated SGLang, prompts in steps of their own": (
+        Deployment(model="deepseek-v3", hardware="h200", engine="sglang",
+                   aggregated={"tp": 8}),
+        Workload(arrival=PoissonArrival(rate=5), requests=100, input_tokens=uniform(500, 2000),
+                 output_tokens=uniform(50, 300), seed=8)),
 }
 
 

@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import simpy
@@ -55,19 +55,31 @@ class Sink(Protocol):
         """The request's last token is out (table.finish is set)."""
 
 
-MIXED_STEPS: dict[str, bool] = {"vllm": True, "sglang": False, "trtllm": True}
-"""Whether an engine's aggregated instance computes prompt chunks beside its decode rows in one
-step: vLLM's chunked prefill and TensorRT-LLM's in-flight batching do; SGLang runs a step of
-prompts alone whenever it can form one and decodes in the other steps (its scheduler's prefill
-first; mixing needs --enable-mixed-chunk, which InferenceX's recipes do not pass)."""
+class Batching(NamedTuple):
+    """How an engine's aggregated instance takes its work in (BATCHING)."""
+
+    mixed_steps: bool
+    """Prompt chunks ride beside decode rows in one step; False: a step that can take prompts
+    computes only them, and the running requests decode in the other steps."""
+    waiting_weight: float
+    """Where a new request picks its DP rank: the least waiting_weight x waiting + running
+    requests."""
 
 
-WAITING_WEIGHT: dict[str, float] = {"vllm": 4.0, "sglang": 1.0, "trtllm": 1.0}
-"""Per engine, the weight of a waiting request against a running one when an aggregated
-instance with DP ranks picks a rank for a new request: vLLM's DP client scores each engine
-core 4 x waiting + running; TensorRT-LLM's attention DP hands new requests to the ranks with
-the fewest active requests; SGLang's DP attention (round robin by default) is taken as the
-fewest requests too."""
+BATCHING: dict[str, Batching] = {
+    "vllm": Batching(mixed_steps=True, waiting_weight=4.0),
+    "sglang": Batching(mixed_steps=False, waiting_weight=1.0),
+    "trtllm": Batching(mixed_steps=True, waiting_weight=1.0),
+}
+"""Per engine: vLLM's chunked prefill and TensorRT-LLM's in-flight batching mix prompts into
+decode steps; SGLang runs a step of prompts alone whenever it can form one (its scheduler's
+prefill first; mixing needs --enable-mixed-chunk, which InferenceX's recipes do not pass).
+vLLM's DP client scores each engine core 4 x waiting + running; TensorRT-LLM's attention DP
+hands new requests to the ranks with the fewest active requests; SGLang's DP attention (round
+robin by default) is taken as the fewest requests too."""
+
+MIXED_BY_REQUESTS = Batching(mixed_steps=True, waiting_weight=1.0)
+"""Mixed steps, and a new request's rank by the fewest requests (`Shared`'s default)."""
 
 
 @dataclass(frozen=True)
@@ -94,12 +106,8 @@ class Shared:
     kv_admission: str = "whole"
     """How the engine admits requests against the KV cache of an aggregated instance
     (`slots.KV_ADMISSION`)."""
-    mixed_steps: bool = True
-    """An aggregated instance computes prompt chunks and decode rows in one step (MIXED_STEPS);
-    False: a step with prompt work computes only prompts, its decode requests wait."""
-    waiting_weight: float = 1.0
-    """How much more a waiting request counts than a running one where an aggregated instance
-    picks a DP rank for a new request (WAITING_WEIGHT)."""
+    batching: Batching = MIXED_BY_REQUESTS
+    """How an aggregated instance takes its work in (BATCHING)."""
 
 
 class Engine:
@@ -680,7 +688,7 @@ class DecodeEngine(Engine):
 
 class AggregatedEngine(DecodeEngine):
     """An instance that prefills and decodes (no P/D), in mixed steps where its engine mixes
-    them (MIXED_STEPS)."""
+    them (BATCHING)."""
 
     def __init__(self, shared: Shared, name: str, spec: RoleSpec, pricer: StepPricer,
                  experts: ExpertLoad | None, kv_tokens: int, cache: RankCaches | None,
@@ -705,15 +713,15 @@ class AggregatedEngine(DecodeEngine):
         return super().rank_requests() + self.slots.requests()
 
     def _least_busy_rank(self) -> int:
-        """The DP rank a new request goes to: the least `waiting_weight` x waiting + running
-        requests (vLLM's DP load balancer scores 4 x waiting + running; first of equals), so
+        """The DP rank a new request goes to: the least `Batching.waiting_weight` x waiting +
+        running requests (vLLM's DP load balancer scores 4 x waiting + running; first of equals), so
         that a rank whose slots are all decoding is not handed a prompt while another has
         room. (By prompt work alone, every rank without a queued prompt ties and the first
         takes each new request, to wait there for one of its own to end.)"""
         running = self.slots.held
         waiting = self.chunks.requests() + self._arriving - np.array(
             [len(r) for r in self.chunks.running])
-        return int(np.argmin(self.shared.waiting_weight * waiting + running))
+        return int(np.argmin(self.shared.batching.waiting_weight * waiting + running))
 
     def _reserve(self, rank: int, rid: int) -> int | None:
         output = 0.0 if self.finish_at_prefill else float(self.table.output_len[rid])
@@ -726,12 +734,9 @@ class AggregatedEngine(DecodeEngine):
     def plan(self) -> StepPlan | None:
         n, ctx = self.slots.batch()
         self._clock_counted = False
-        if not self.chunks.has_work() or self._hold_prompts(n):  # a decode-only step
-            if not n.any():
-                return None
-            z = np.zeros(self.dp)
-            return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
-        alone = not self.shared.mixed_steps  # prompts first, in steps of their own
+        if not self.chunks.has_work() or self._hold_prompts(n):
+            return self._decode_step(n, ctx)
+        alone = not self.shared.batching.mixed_steps  # prompts first, in steps of their own
         rows = np.zeros_like(n) if alone else n
         budget = np.maximum(self.spec.max_num_batched_tokens - rows * (1 + self.spec_tokens), 0)
         self._blocked.clear()
@@ -739,14 +744,18 @@ class AggregatedEngine(DecodeEngine):
         for r in range(self.dp):
             self.kv.note(r, r in self._blocked, len(self.chunks.queues[r]))
         if alone and not chunks.tokens.any():  # no prompt fits: the decode rows step
-            if not n.any():
-                return None
-            z = np.zeros(self.dp)
-            return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
+            return self._decode_step(n, ctx)
         if not rows.any() and not chunks.tokens.any():
             return None
         return StepPlan(rows, ctx, chunks.tokens, chunks.requests, chunks.context, chunks,
                         *self._snapshot())
+
+    def _decode_step(self, n: np.ndarray, ctx: np.ndarray) -> StepPlan | None:
+        """A step of the decode rows alone (None when no rank decodes)."""
+        if not n.any():
+            return None
+        z = np.zeros(self.dp)
+        return StepPlan(n, ctx, z, z, z, None, *self._snapshot())
 
     def _hold_prompts(self, decoding: np.ndarray) -> bool:
         """Whether this step holds the queued prompts (TensorRT-LLM's attention-DP balance,

@@ -23,8 +23,7 @@ from simulator.cost import Batch, instance_from_role, step_time
 from simulator.cost.memory import kv_split
 from simulator.des.arrivals import Traffic
 from simulator.des.engines import (
-    MIXED_STEPS,
-    WAITING_WEIGHT,
+    BATCHING,
     AggregatedEngine,
     DecodeEngine,
     Engine,
@@ -181,7 +180,7 @@ class _Run:
                               for role, cost in self.kv_costs.items()},
                              max(int(opts.dp_wait_every), 1), opts.macro_steps,
                              opts.schedule_ahead, KV_ADMISSION[deployment.engine],
-                             MIXED_STEPS[deployment.engine], WAITING_WEIGHT[deployment.engine])
+                             BATCHING[deployment.engine])
         self._kv_bytes = remembered(lambda context: self.model.kv_bytes(
             context, p.kv_cache, p.indexer_cache))
         """KV bytes a request of a given context sends from prefill to decode."""

@@ -167,6 +167,15 @@ def test_a_request_reaching_a_busy_engine_runs_in_the_step_after_the_next(
     assert ahead.ttft_s[1] - now.ttft_s[1] == pytest.approx(step, rel=0.02)
 
 
+def _run_trace(tmp_path: Path, dep: Deployment, rows: str) -> Any:
+    """`dep` replaying trace `rows` (timestamp ms, prompt, output per line) at their
+    timestamps, each engine planning a step only when the one before ends."""
+    path = tmp_path / "trace.csv"
+    path.write_text("timestamp,input_length,output_length\n" + rows)
+    wl = Workload(arrival=TraceArrival(path=str(path)), requests=rows.count("\n"))
+    return simulate(dep, wl, expert_counts=UNIFORM, options=SimOptions(schedule_ahead=False))
+
+
 def test_sglang_takes_in_requests_every_recv_interval_decode_steps(tmp_path: Path) -> None:
     """With --scheduler-recv-interval 10, SGLang's scheduler takes in new requests after every
     10th decode step since its last prompt step: a prompt arriving in decode step 11 waits for
@@ -175,21 +184,14 @@ def test_sglang_takes_in_requests_every_recv_interval_decode_steps(tmp_path: Pat
     dep = Deployment(model="deepseek-v3", hardware="h200", engine="sglang",
                      aggregated=RoleSpec(dep=8, recv_interval=10))
     every = dep.model_copy(update={"aggregated": RoleSpec(dep=8)})
-    sync = SimOptions(schedule_ahead=False)
-
-    def run(d: Deployment, rows: str) -> Any:
-        path = tmp_path / "trace.csv"
-        path.write_text("timestamp,input_length,output_length\n" + rows)
-        wl = Workload(arrival=TraceArrival(path=str(path)), requests=rows.count("\n"))
-        return simulate(d, wl, expert_counts=UNIFORM, options=sync)
-
-    alone = run(dep, "0,2048,400\n")
+    alone = _run_trace(tmp_path, dep, "0,2048,400\n")
     prefill = float(alone.ttft_s[0])  # the first prompt's step
     step = alone.metrics()["tpot_ms"]["mean"] / 1e3  # a decode step of that one request
     for arrives_in, extra in ((11, 9), (20, 0)):
         at_ms = (prefill + (arrives_in - 0.5) * step) * 1e3  # trace timestamps are in ms
         second = f"0,2048,400\n{at_ms:.6f},2048,1\n"
-        late = run(dep, second).ttft_s[1] - run(every, second).ttft_s[1]
+        late = (_run_trace(tmp_path, dep, second).ttft_s[1]
+                - _run_trace(tmp_path, every, second).ttft_s[1])
         assert late == pytest.approx(extra * step, rel=0.02, abs=1e-6)
 
 
@@ -200,15 +202,13 @@ def test_sglang_computes_a_prompt_in_a_step_of_its_own_while_decode_waits(
     that step, so it ends one decode step later than where the prompt's step carries its row."""
     import simulator.des.engines as engines
 
-    path = tmp_path / "two.csv"
-    path.write_text("timestamp,input_length,output_length\n0,2048,400\n1000,8192,1\n")  # ms
-    wl = Workload(arrival=TraceArrival(path=str(path)), requests=2)
+    rows = "0,2048,400\n1000,8192,1\n"
     dep = Deployment(model="deepseek-v3", hardware="h200", engine="sglang",
                      aggregated=RoleSpec(dep=8))
-    sync = SimOptions(schedule_ahead=False)
-    alone = simulate(dep, wl, expert_counts=UNIFORM, options=sync)
-    monkeypatch.setitem(engines.MIXED_STEPS, "sglang", True)
-    mixed = simulate(dep, wl, expert_counts=UNIFORM, options=sync)
+    alone = _run_trace(tmp_path, dep, rows)
+    monkeypatch.setitem(engines.BATCHING, "sglang",
+                        engines.BATCHING["sglang"]._replace(mixed_steps=True))
+    mixed = _run_trace(tmp_path, dep, rows)
     decode_step = one_rank_step(cost_instance("aggregated", RoleSpec(dep=8)), True, 2048 + 64)
     assert alone.e2e_s[0] - mixed.e2e_s[0] == pytest.approx(decode_step, rel=0.05)
     assert alone.ttft_s[1] <= mixed.ttft_s[1]
@@ -700,22 +700,15 @@ def test_attention_dp_balance_releases_prompts_when_its_running_count_times_out(
     dep = Deployment(model="deepseek-v3", hardware="h200", engine="trtllm",
                      aggregated=RoleSpec(dep=8, attention_dp_balance=True))
     free = dep.model_copy(update={"aggregated": RoleSpec(dep=8)})
-    sync = SimOptions(schedule_ahead=False)
-
-    def run(d: Deployment, rows: str) -> Any:
-        path = tmp_path / "trace.csv"
-        path.write_text("timestamp,input_length,output_length\n" + rows)
-        wl = Workload(arrival=TraceArrival(path=str(path)), requests=rows.count("\n"))
-        return simulate(d, wl, expert_counts=UNIFORM, options=sync)
-
     both = "0,2048,400\n" * 8  # a prompt on each rank: started at once, the count at 0
-    alone = run(free, both)
+    alone = _run_trace(tmp_path, free, both)
     prefill = float(alone.ttft_s[0])
     step = alone.metrics()["tpot_ms"]["mean"] / 1e3
     for arrives_in in (20, 80):
         at_ms = (prefill + (arrives_in - 0.5) * step) * 1e3
         rows = both + f"{at_ms:.6f},2048,1\n"
-        late = run(dep, rows).ttft_s[8] - run(free, rows).ttft_s[8]
+        late = (_run_trace(tmp_path, dep, rows).ttft_s[8]
+                - _run_trace(tmp_path, free, rows).ttft_s[8])
         assert late == pytest.approx((59 - arrives_in % 60) * step, abs=1.5 * step)
 
 

@@ -227,6 +227,9 @@ class Upstream:
     """Requests in flight here."""
     prefilling: int = 0
     """Prompt characters of the requests here that have had no byte of answer yet."""
+    resident: int = 0
+    """Prompt characters of all the requests in flight here: the KV they hold, as far as the
+    proxy can see it (what `kv_router` counts)."""
     index: PrefixIndex | None = None
     """What this instance is predicted to hold (only for a policy that uses a prefix)."""
 
@@ -242,6 +245,7 @@ class Flight:
 
     def __enter__(self) -> Flight:
         self.up.outstanding += 1
+        self.up.resident += self.chars
         self.up.prefilling += self.chars
         self._queued = True
         return self
@@ -256,6 +260,7 @@ class Flight:
                  tb: TracebackType | None) -> None:
         self.answered()
         self.up.outstanding -= 1
+        self.up.resident -= self.chars
 
 
 class Pool:
@@ -278,7 +283,8 @@ class Pool:
         for up in self.upstreams:
             cached = 0 if up.index is None else up.index.matched(prompt.keys) * CHUNK_CHARS
             out.append(Candidate(queued_tokens=up.prefilling, requests=up.outstanding,
-                                 cached_tokens=cached, prompt_tokens=prompt.chars))
+                                 cached_tokens=cached, prompt_tokens=prompt.chars,
+                                 active_tokens=up.resident))
         return out
 
     def pick(self, prompt: Prompt, session: str | None = None) -> Upstream:

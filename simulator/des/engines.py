@@ -527,10 +527,16 @@ class PrefillEngine(Engine):
                  finish_at_prefill: bool = False) -> None:
         super().__init__(shared, name, spec, pricer, experts, kv_tokens)
         self._init_prompts(spec, cache, finish_at_prefill, self._admit)
+        self._held = np.zeros(self.dp)
+        """Per rank: prompt tokens whose KV is reserved here (prefilling, or waiting to be
+        sent)."""
 
     def take(self, rid: int, rank: int | None = None) -> None:
         """A request routed here (to `rank`, or the rank with the least prompt work)."""
         self._enqueue_prompt(rid, rank)
+
+    def rank_active(self) -> np.ndarray:
+        return self._held.copy()
 
     def _admit(self, rank: int, rid: int) -> int | None:
         need = float(self.table.input_len[rid])
@@ -538,11 +544,17 @@ class PrefillEngine(Engine):
             self._blocked.add(rank)
             return None
         self.kv.take(rank, need)
+        self._held[rank] += need
         return 0
+
+    def _give(self, rank: int, rid: int) -> None:
+        need = float(self.table.input_len[rid])
+        self.kv.give(rank, need)
+        self._held[rank] = max(self._held[rank] - need, 0.0)
 
     def release(self, rank: int, rid: int) -> None:
         """The request's KV left this instance."""
-        self.kv.give(rank, float(self.table.input_len[rid]))
+        self._give(rank, rid)
         self.poke()
 
     def plan(self) -> StepPlan | None:
@@ -565,7 +577,7 @@ class PrefillEngine(Engine):
             self._cache_prompt(rank, rid)
             if self.finish_at_prefill:
                 self.table.first_token[rid] = now
-                self.kv.give(rank, float(self.table.input_len[rid]))
+                self._give(rank, rid)
                 self._finish([rid])
             else:
                 self.shared.sink.prefilled(self, rank, rid)
@@ -711,6 +723,12 @@ class AggregatedEngine(DecodeEngine):
 
     def rank_requests(self) -> np.ndarray:
         return super().rank_requests() + self.slots.requests()
+
+    def rank_active(self) -> np.ndarray:
+        """Per rank: the contexts of the requests holding a slot (prefilling or decoding)."""
+        slots = self.slots
+        out: np.ndarray = np.where(slots.rid >= 0, slots.context, 0.0).sum(axis=1)
+        return out
 
     def _least_busy_rank(self) -> int:
         """The DP rank a new request goes to: the least `Batching.waiting_weight` x waiting +

@@ -344,7 +344,9 @@ class _Run:
             np.concatenate([e.rank_queued() for e in places]),
             np.concatenate([e.rank_requests() for e in places]),
             self._cached(role, places, rid),
-            float(self.table.input_len[rid]))
+            float(self.table.input_len[rid]),
+            np.concatenate([e.rank_active() for e in places]) if router.policy.uses_active
+            else 0.0)
         i = router.pick(cols, key)
         for e in places:  # candidate i is rank i of the instances' ranks in order
             if i < e.dp:

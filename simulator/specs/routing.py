@@ -8,8 +8,12 @@ what it can see of a prompt (characters of its text); a policy only compares can
 
 | policy             | picks                                                                    |
 |--------------------|--------------------------------------------------------------------------|
-| `prefix_aware`     | least (prompt not cached there + prompt work queued there): Dynamo's KV  |
-|                    | router cost and llm-d's precise-prefix-cache scorer with a load scorer   |
+| `prefix_aware`     | least (prompt not cached there + prompt work queued there): the prefill  |
+|                    | terms of Dynamo's KV router, llm-d's precise-prefix-cache scorer with a  |
+|                    | load scorer                                                              |
+| `kv_router`        | least (prompt not cached there + prompt work queued there + KV held      |
+|                    | there by requests in flight): Dynamo's KV router at its default weights  |
+|                    | (prefill load scale 1, overlap credit 1, no per-request weight)          |
 | `session_affinity` | where the request's session went before, while it is known; else as     |
 |                    | `prefix_aware` (and the session is pinned there)                        |
 | `least_tokens`     | least prompt work queued                                                 |
@@ -30,8 +34,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-RouterPolicy = Literal["prefix_aware", "session_affinity", "least_tokens", "least_requests",
-                       "round_robin"]
+RouterPolicy = Literal["prefix_aware", "kv_router", "session_affinity", "least_tokens",
+                       "least_requests", "round_robin"]
 """Names a RoleSpec's `router` may take."""
 
 
@@ -47,6 +51,9 @@ class Candidate:
     """Of this request's prompt, how much that place holds in its prefix cache."""
     prompt_tokens: float = 0.0
     """The request's prompt length (same units as cached_tokens)."""
+    active_tokens: float = 0.0
+    """KV held there by the requests in flight (their contexts so far), in the router's
+    units: what Dynamo's router counts as a worker's active decode blocks."""
 
     @property
     def new_tokens(self) -> float:
@@ -63,6 +70,8 @@ class Candidates:
     cached_tokens: np.ndarray
     prompt_tokens: float = 0.0
     """The request's prompt length, the same for every candidate."""
+    active_tokens: np.ndarray | float = 0.0
+    """KV held by the requests in flight, per candidate (0: not tracked)."""
 
     @property
     def new_tokens(self) -> np.ndarray:
@@ -86,15 +95,26 @@ class Policy:
     """Needs each candidate's cached_tokens for the request (a prefix index)."""
     sticky: bool = False
     """Pins a session to the candidate it first went to."""
+    uses_active: bool = False
+    """Needs each candidate's active_tokens (the KV its requests in flight hold)."""
 
 
 def _prefix_cost(c: Any) -> tuple[Any, ...]:
     return (c.new_tokens + c.queued_tokens, c.requests)
 
 
+def _kv_cost(c: Any) -> tuple[Any, ...]:
+    """Dynamo's KV router cost in tokens: its prefill term (the worker's prompt work plus this
+    prompt, less what it holds) plus its decode term (the KV its requests in flight hold, plus
+    this request's, the same everywhere and so left out)."""
+    return (c.new_tokens + c.queued_tokens + c.active_tokens, c.requests)
+
+
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("prefix_aware", "least (uncached prompt + queued prompt work)", _prefix_cost,
            uses_prefix=True),
+    Policy("kv_router", "least (uncached prompt + queued prompt work + KV in flight)",
+           _kv_cost, uses_prefix=True, uses_active=True),
     Policy("session_affinity", "the session's previous place, else prefix_aware",
            _prefix_cost, uses_prefix=True, sticky=True),
     Policy("least_tokens", "least queued prompt work",

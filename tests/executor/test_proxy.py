@@ -23,6 +23,7 @@ from executor.prefix_index import CHUNK_CHARS, PrefixIndex, chunk_keys
 from executor.proxy import (
     REMOTE_DECODE,
     ConfigError,
+    Flight,
     Pool,
     Prompt,
     Proxy,
@@ -359,6 +360,7 @@ def pool(policy: str, loads: list[tuple[int, int]]) -> Pool:
     ("least_requests", "prefill-1"),  # 1 request against 3
     ("least_tokens", "prefill-0"),  # 40 queued characters against 400
     ("prefix_aware", "prefill-1"),  # all of the prompt to compute at 0, little at 1
+    ("kv_router", "prefill-1"),  # the same: neither holds a prompt in flight here
     ("session_affinity", "prefill-1"),  # no session yet: prefix_aware's cost
     ("round_robin", "prefill-0"),  # the first in turn
 ])
@@ -382,6 +384,24 @@ def test_prefix_aware_weighs_the_cached_prefix_against_the_queue():
         assert (c0.cached_tokens, c1.cached_tokens) == (0, cached)
         assert c1.prompt_tokens == len(TURN_2) and c1.queued_tokens == queued
         assert p.pick(prompt).name == expected
+
+
+def test_kv_router_counts_the_prompts_in_flight_as_the_kv_they_hold():
+    prompt = Prompt(TURN_2)
+    cached = len(TURN_1) // CHUNK_CHARS * CHUNK_CHARS
+    # prefill-1 holds the first turn, and `resident` characters of prompts in flight
+    for resident, expected in ((cached - 1, "prefill-1"), (cached + 1, "prefill-0")):
+        p = pool("kv_router", [(0, 0), (1, 0)])
+        p.upstreams[1].resident = resident
+        assert p.upstreams[1].index is not None
+        p.upstreams[1].index.add(Prompt(TURN_1).keys)
+        assert p.candidates(prompt)[1].active_tokens == resident
+        assert p.pick(prompt).name == expected
+    up = p.upstreams[0]
+    with Flight(up, prompt) as flight:
+        flight.answered()  # its first byte: no longer queued, its KV still held
+        assert (up.prefilling, up.resident) == (0, len(TURN_2))
+    assert up.resident == 0
 
 
 def test_round_robin_alternates_whatever_the_load():

@@ -665,14 +665,17 @@ def test_spread_clients_leave_the_lock_step_waves_of_a_burst():
     assert run("spread").metrics() == spread.metrics()  # still deterministic
 
 
-def test_a_new_request_goes_to_the_dp_rank_with_room_not_the_first_without_prompts() -> None:
-    """An aggregated DEP instance picks the rank for a request no router placed as the
-    engine's DP balancer does (vLLM: least 4 x waiting + running): with one slot a rank and
-    every user's next request sent as its last ends, each goes to the rank that just freed
-    its slot and starts at once. (By queued prompt work alone every rank ties, the first
+@pytest.mark.parametrize("router", ["least_requests", "kv_router"])
+def test_a_new_request_goes_to_the_dp_rank_with_room_not_the_first_without_prompts(
+        router: str) -> None:
+    """With one slot a rank and every user's next request sent as its last ends, each request
+    goes to the rank that just freed its slot and starts at once: an aggregated DEP instance
+    picks the rank for a request no router placed as the engine's DP balancer does (vLLM:
+    least 4 x waiting + running), and Dynamo's KV router (`kv_router`) counts the KV each
+    rank's requests in flight hold. (By queued prompt work alone every rank ties, the first
     takes it, and it waits there for that rank's own request to end.)"""
     dep = Deployment(model="deepseek-v3", hardware="h200", engine="vllm",
-                     aggregated=RoleSpec(dep=8, max_num_seqs=1, router="least_requests"))
+                     aggregated=RoleSpec(dep=8, max_num_seqs=1, router=router))
     wl = Workload(arrival=ClosedArrival(concurrency=8), requests=48,
                   input_tokens=FixedLength(value=512),
                   output_tokens=UniformLength(low=100, high=300), seed=1)
@@ -680,6 +683,25 @@ def test_a_new_request_goes_to_the_dp_rank_with_room_not_the_first_without_promp
     assert res.completed == 48
     decode = res.e2e_s - res.ttft_s
     assert res.ttft_s.max() < 0.5 * decode.min()  # nobody waited for another's decode
+
+
+@pytest.mark.parametrize(("router", "waits"), [("prefix_aware", False), ("kv_router", True)])
+def test_kv_router_weighs_the_kv_a_rank_holds_not_its_free_slots(
+        tmp_path: Path, router: str, waits: bool) -> None:
+    """Rank 0 decodes one request of 30,000 tokens, rank 1 two of 100, its two slots full. A
+    new request: prefix_aware (equal prompt work) takes the rank with fewer requests in
+    flight, where a slot is free; Dynamo's KV router (`kv_router`) takes the one holding less
+    KV and waits there for a slot."""
+    dep = Deployment(model="gpt-oss-120b", hardware="h200", engine="vllm",
+                     aggregated=RoleSpec(dep=2, max_num_seqs=2, router=router))
+    path = tmp_path / "trace.csv"
+    path.write_text("timestamp,input_length,output_length\n"
+                    "0,30000,3000\n1,100,3000\n2,100,3000\n4000,100,50\n")
+    res = simulate(dep, Workload(arrival=TraceArrival(path=str(path)), requests=4),
+                   expert_counts=np.ones((1, 128)))
+    assert res.completed == 4
+    decode = res.e2e_s[1] - res.ttft_s[1]
+    assert (res.ttft_s[3] > 0.5 * decode) == waits
 
 
 def _balanced_run(balance: bool) -> Any:

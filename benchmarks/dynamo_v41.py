@@ -115,6 +115,15 @@ TARGETS = (
 )
 
 
+KV_ROUTER = {"router": "kv_router"}
+"""The recipes' frontend routes with Dynamo's KV router (`DYN_ROUTER_MODE=kv`). An aggregated
+worker's cost is its prefill and decode-footprint terms at their default weights
+(`kv_router`); for P/D, Dynamo's prefill router turns active-block tracking off, which leaves
+the prefill terms: `prefix_aware`, the prefill role's default. The agentic aggregated recipes
+also charge 50 blocks per active request (`DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT`), which is
+not modelled (6,400 tokens a request, beside contexts of ~68,000 and more)."""
+
+
 def deployment(t: Target) -> Deployment:
     """The recipe's deployment: TP4 instances with expert parallelism and DSpark 3."""
     def role(instances: int, tokens: int, long_prefill: int = 0) -> RoleSpec:
@@ -124,7 +133,8 @@ def deployment(t: Target) -> Deployment:
                         long_prefill_token_threshold=long_prefill)
 
     roles: dict[str, RoleSpec] = (
-        {"aggregated": role(t.aggregated, t.prefill_tokens)} if t.aggregated else
+        {"aggregated": role(t.aggregated, t.prefill_tokens).model_copy(update=KV_ROUTER)}
+        if t.aggregated else
         {"prefill": role(t.prefill, t.prefill_tokens, t.long_prefill),
          "decode": role(t.decode, 8192)})
     return Deployment(model="deepseek-v4.1-flash", hardware=t.hardware, engine="vllm",

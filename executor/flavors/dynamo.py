@@ -1,7 +1,8 @@
 """NVIDIA Dynamo: one DynamoGraphDeployment (nvidia.com/v1alpha1), as Dynamo 0.6.0 runs vLLM.
 
 The graph has a Frontend service (`python3 -m dynamo.frontend`, the OpenAI API on port 8000,
-which routes each request to a decode worker and, disaggregated, its prefill to a prefill worker)
+which routes each request to a decode worker and, disaggregated, its prefill to a prefill worker,
+in the router mode of the plan's policy: `ROUTER_MODES`)
 and one worker service per role: `python3 -m dynamo.vllm --model M` with the role's vLLM engine
 flags, `--is-prefill-worker` for prefill, and the P/D handoff through Dynamo's own NIXL connector
 (`--connector nixl`, which Dynamo 0.6.0 refuses beside a --kv-transfer-config). `replicas` is the
@@ -44,6 +45,18 @@ SERVICE_NAMES = {"prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker",
                  "aggregated": "VllmWorker"}
 DROPPED_FLAGS = ("--kv-transfer-config",)
 """Engine flags Dynamo sets itself (the connector, from --connector)."""
+ROUTER_MODES: dict[tuple[str, str], str] = {
+    ("aggregated", "kv_router"): "kv",
+    ("prefill", "prefix_aware"): "kv",
+    ("aggregated", "round_robin"): "round-robin",
+    ("prefill", "round_robin"): "round-robin",
+}
+"""The frontend's `--router-mode` for the plan's policy of the role it routes a request to
+first (aggregated, or prefill): Dynamo's KV router is `kv_router` for an aggregated worker,
+and for P/D its prefill router tracks no active blocks, which leaves `prefix_aware`. A policy
+with no counterpart here runs as Dynamo's default (round-robin), which the graph's
+`ROUTER_NOTE` annotation says."""
+ROUTER_NOTE = "rackplan.io/router"
 
 
 class Dynamo(Flavor):
@@ -119,11 +132,20 @@ class Dynamo(Flavor):
             service["multinode"] = {"nodeCount": layout.hosts}
         return service
 
+    @property
+    def first_policy(self) -> tuple[str, str]:
+        """The role the frontend routes a request to first, and the plan's policy for it."""
+        router = self.target.rendered.router
+        role = "aggregated" if "aggregated_policy" in router else "prefill"
+        return role, str(router.get(f"{role}_policy", ""))
+
     def frontend(self) -> dict[str, Any]:
         http = {"httpGet": {"path": "/health", "port": FRONTEND_PORT}}
+        mode = ROUTER_MODES.get(self.first_policy)
         container = {"name": "main", "image": self.image,
                      "command": ["python3", "-m", "dynamo.frontend"],
-                     "args": ["--http-port", str(FRONTEND_PORT)],
+                     "args": ["--http-port", str(FRONTEND_PORT),
+                              *(["--router-mode", mode] if mode else [])],
                      "startupProbe": {**http, "periodSeconds": 5, "failureThreshold": 60}}
         return {"dynamoNamespace": self.target.app, "componentType": "frontend",
                 "replicas": 1,
@@ -137,8 +159,14 @@ class Dynamo(Flavor):
         services = {"Frontend": self.frontend()}
         for layout in self.target.layouts:
             services[SERVICE_NAMES.get(layout.role, layout.role)] = self.worker(layout)
-        return {"apiVersion": DGD_API, "kind": "DynamoGraphDeployment",
-                "metadata": {"name": self.target.app, "labels": self.target.labels("graph")},
+        metadata: dict[str, Any] = {"name": self.target.app,
+                                    "labels": self.target.labels("graph")}
+        role, policy = self.first_policy
+        if (role, policy) not in ROUTER_MODES:
+            metadata["annotations"] = {ROUTER_NOTE: (
+                f"the plan routes {role} requests by {policy}, for which Dynamo's frontend has "
+                "no router mode: it runs its default, round-robin")}
+        return {"apiVersion": DGD_API, "kind": "DynamoGraphDeployment", "metadata": metadata,
                 "spec": {"backendFramework": "vllm", "services": services}}
 
     def objects(self) -> list[dict[str, Any]]:

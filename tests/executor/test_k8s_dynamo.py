@@ -105,3 +105,26 @@ def test_vllm_s_own_parser_accepts_the_workers_engine_flags(tmp_path):
     if result.skipped:
         pytest.skip(result.skipped)
     assert not result.errors, result.errors
+
+
+@pytest.mark.parametrize(("router", "mode"), [("kv_router", "kv"), ("round_robin", "round-robin"),
+                                             ("prefix_aware", None)])
+def test_the_frontend_routes_in_the_mode_of_the_plans_policy(tmp_path, router, mode):
+    """Dynamo's KV router is `kv_router` for aggregated workers (and `prefix_aware` for P/D
+    prefill, the goldens); a policy Dynamo has no mode for runs as its default, round-robin,
+    and the graph says so."""
+    from executor.backends.kubernetes import KubernetesBackend
+    from simulator.specs.deployment import Deployment, RoleSpec
+
+    d = Deployment(model="deepseek-v3", hardware="h200",
+                   aggregated=RoleSpec(instances=2, dep=8, router=router))
+    (graph,) = objects(tmp_path, KubernetesBackend.render_for(d, "/models/DeepSeek-V3"))
+    validate(graph)
+    args = graph["spec"]["services"]["Frontend"]["extraPodSpec"]["mainContainer"]["args"]
+    assert args[2:] == ([] if mode is None else ["--router-mode", mode])
+    note = graph["metadata"].get("annotations", {}).get("rackplan.io/router")
+    if mode is None:
+        assert note == ("the plan routes aggregated requests by prefix_aware, for which "
+                        "Dynamo's frontend has no router mode: it runs its default, round-robin")
+    else:
+        assert note is None

@@ -396,6 +396,11 @@ class Engine:
     def load_requests(self) -> float:
         raise NotImplementedError
 
+    def rank_active(self) -> np.ndarray:
+        """Per rank: the KV (context tokens) the requests routed here hold, for a router that
+        counts it (`kv_router`)."""
+        raise NotImplementedError
+
     # ---- helpers -------------------------------------------------------------------------
 
     def _init_prompts(self, spec: RoleSpec, cache: RankCaches | None, finish_at_prefill: bool,
@@ -605,6 +610,15 @@ class DecodeEngine(Engine):
         self._tail = np.zeros((self.dp, spec.max_num_seqs))
         """Per slot: prompt tokens its first step computes (`activate`'s `tail`)."""
 
+    def rank_active(self) -> np.ndarray:
+        """Per rank: the contexts of the requests holding a slot (prefilling or decoding) and
+        of those queued for one: the KV a router counts as held there."""
+        slots = self.slots
+        out: np.ndarray = np.where(slots.rid >= 0, slots.context, 0.0).sum(axis=1)
+        for r in np.flatnonzero(slots.queued):
+            out[r] += sum(context for _, context, _ in slots.queues[r])
+        return out
+
     def take(self, rid: int, context: float) -> None:
         """A request whose KV (`context` tokens) is to come here."""
         rank = int(np.argmin(self.slots.requests()))
@@ -723,12 +737,6 @@ class AggregatedEngine(DecodeEngine):
 
     def rank_requests(self) -> np.ndarray:
         return super().rank_requests() + self.slots.requests()
-
-    def rank_active(self) -> np.ndarray:
-        """Per rank: the contexts of the requests holding a slot (prefilling or decoding)."""
-        slots = self.slots
-        out: np.ndarray = np.where(slots.rid >= 0, slots.context, 0.0).sum(axis=1)
-        return out
 
     def _least_busy_rank(self) -> int:
         """The DP rank a new request goes to: the least `Batching.waiting_weight` x waiting +

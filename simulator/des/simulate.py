@@ -326,9 +326,12 @@ class _Run:
         engines = self.engines[role]
         if len(engines) == 1:  # every policy picks the only one
             return engines[0]
-        cands = [Candidate(queued_tokens=e.load_tokens(), requests=e.load_requests())
+        router = self.routers[role]
+        active = router.policy.uses_active
+        cands = [Candidate(queued_tokens=e.load_tokens(), requests=e.load_requests(),
+                           active_tokens=float(e.rank_active().sum()) if active else 0.0)
                  for e in engines]
-        return engines[self.routers[role].pick(cands, session)]
+        return engines[router.pick(cands, session)]
 
     def _place_prompt(self, role: str, rid: int) -> tuple[Engine, int | None]:
         """Where a prompt goes: with a policy that knows the prefix caches, the (instance, DP

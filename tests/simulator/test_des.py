@@ -685,6 +685,19 @@ def test_a_new_request_goes_to_the_dp_rank_with_room_not_the_first_without_promp
     assert res.ttft_s.max() < 0.5 * decode.min()  # nobody waited for another's decode
 
 
+def _fourth_waits(tmp_path: Path, dep: Deployment) -> bool:
+    """`dep` (gpt-oss-120b) replaying requests of 30,000, 100 and 100 prompt tokens of 3,000
+    output each, then one of 100 four seconds later: whether the last waited for a slot (its
+    TTFT above half of another's decode)."""
+    path = tmp_path / "trace.csv"
+    path.write_text("timestamp,input_length,output_length\n"
+                    "0,30000,3000\n1,100,3000\n2,100,3000\n4000,100,50\n")
+    res = simulate(dep, Workload(arrival=TraceArrival(path=str(path)), requests=4),
+                   expert_counts=np.ones((1, 128)))
+    assert res.completed == 4
+    return bool(res.ttft_s[3] > 0.5 * (res.e2e_s[1] - res.ttft_s[1]))
+
+
 @pytest.mark.parametrize(("router", "waits"), [("prefix_aware", False), ("kv_router", True)])
 def test_kv_router_weighs_the_kv_a_rank_holds_not_its_free_slots(
         tmp_path: Path, router: str, waits: bool) -> None:
@@ -694,14 +707,21 @@ def test_kv_router_weighs_the_kv_a_rank_holds_not_its_free_slots(
     KV and waits there for a slot."""
     dep = Deployment(model="gpt-oss-120b", hardware="h200", engine="vllm",
                      aggregated=RoleSpec(dep=2, max_num_seqs=2, router=router))
-    path = tmp_path / "trace.csv"
-    path.write_text("timestamp,input_length,output_length\n"
-                    "0,30000,3000\n1,100,3000\n2,100,3000\n4000,100,50\n")
-    res = simulate(dep, Workload(arrival=TraceArrival(path=str(path)), requests=4),
-                   expert_counts=np.ones((1, 128)))
-    assert res.completed == 4
-    decode = res.e2e_s[1] - res.ttft_s[1]
-    assert (res.ttft_s[3] > 0.5 * decode) == waits
+    assert _fourth_waits(tmp_path, dep) == waits
+
+
+@pytest.mark.parametrize(("router", "waits"), [("least_requests", False), ("kv_router", True)])
+def test_kv_router_picks_the_decode_instance_holding_less_kv(
+        tmp_path: Path, router: str, waits: bool) -> None:
+    """P/D with two decode instances of two slots, and requests of 30,000, 100 and 100 prompt
+    tokens, then a fourth. least_requests spreads them by count, and the fourth finds a free
+    slot; Dynamo's KV router (`kv_router`, its decode branch: the KV in flight) puts both short
+    ones beside each other, away from the long one's KV, and the fourth too, where it waits for
+    a slot."""
+    spec = RoleSpec(instances=2, tp=1, max_num_seqs=2, router=router)
+    dep = Deployment(model="gpt-oss-120b", hardware="h200", engine="vllm",
+                     prefill=RoleSpec(tp=1), decode=spec)
+    assert _fourth_waits(tmp_path, dep) == waits
 
 
 def _balanced_run(balance: bool) -> Any:

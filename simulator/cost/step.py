@@ -511,14 +511,51 @@ def close_step(inst: Instance, opened: OpenStep, cal: Calibration,
     mh = half.breakdown["communication"]
     ch = half.total_ms - mh - over
     layers = max(inst.model.moe_layers, 1)
-    body = float(np.clip(2 * max(ch, mh) + min(ch, mh) / layers, max(c, m), c + m))
+    held = exchange_sm_share(inst)
+    body = float(np.clip(_overlapped(half, ch, layers, held) + min(ch, mh) / layers,
+                         max(c, m), c + m))
     exposed = body - c
     share = exposed / m
     parts = {k: (v * share if k.startswith("all_to_all") else v) for k, v in full.parts.items()}
     breakdown = {**full.breakdown, "communication": exposed}
+    note = f"; the exchange holds {held:.0%} of the SMs" if held else ""
     provenance = {**full.provenance,
-                  "dbo": f"two micro-batches, {exposed:.3g} of {m:.3g} ms exchange exposed"}
+                  "dbo": f"two micro-batches, {exposed:.3g} of {m:.3g} ms exchange exposed{note}"}
     return StepTime(body + over, breakdown, provenance, parts, full.tokens)
+
+
+DEEPEP_NORMAL_SMS = 20
+"""SMs DeepEP's normal (high-throughput) kernels run on for as long as they move tokens:
+DeepEP's default `Buffer.num_sms`, which vLLM keeps (`DeepEPAll2AllManagerBase.num_sms`) and
+the DeepSeek-V3 report describes (20 of H800's 132 SMs for communication). Its low-latency
+kernels wait for the network in a receive hook that holds no SM (DeepEP's README), so their
+exchange takes nothing from the compute it overlaps."""
+
+
+def exchange_sm_share(inst: Instance) -> float:
+    """The share of a GPU's SMs the instance's token exchange holds while it runs."""
+    if inst.all2all != "deepep_high_throughput":
+        return 0.0
+    return min(DEEPEP_NORMAL_SMS / inst.hardware.sms, 1.0)
+
+
+def _overlapped(half: StepTime, compute: float, layers: int, held: float) -> float:
+    """A dual-batch-overlap step's time but for its fill, from one micro-batch's prices.
+
+    Per MoE layer the two micro-batches take turns: each exchange of one hides under one
+    compute stage of the other, so a layer is four slots, (dispatch | attention), (dispatch |
+    experts), (combine | experts), (combine | attention), each as long as the longer of its
+    two; an exchange that holds a share of the SMs slows the compute beside it by that share
+    of its own time. Attention is everything but the MoE block (router, shared and routed
+    experts)."""
+    def slot(exchange: float, work: float) -> float:
+        return max(exchange, work + held * exchange)
+
+    moe = half.breakdown["moe"] / layers
+    attn = compute / layers - moe
+    d = half.parts.get("all_to_all.dispatch", 0.0) / layers
+    c = half.parts.get("all_to_all.combine", 0.0) / layers
+    return layers * (slot(d, attn) + slot(d, moe) + slot(c, moe) + slot(c, attn))
 
 
 def _splits(inst: Instance, batch: Batch) -> bool:

@@ -44,6 +44,10 @@ class HardwareSpec(BaseModel):
     host_gb: float = Field(256.0, ge=0)
     """Host memory per GPU that weights may be offloaded to, GB (a typical 2 TB HGX host over 8
     GPUs; Grace's 480 GB LPDDR5X over the 2 GPUs it serves on GB200/GB300)."""
+    sms: int = Field(132, ge=1)
+    """Streaming multiprocessors per GPU (datasheets: 132 on H100/H200 SXM, 148 on B200 and
+    GB200, 160 on B300 and GB300): a communication kernel that keeps some of them busy leaves
+    the rest to the compute it overlaps."""
     usd_per_gpu_hour: float = Field(ge=0)
     """Price per GPU-hour used for $ per million tokens (a default to override)."""
 
@@ -76,21 +80,21 @@ HARDWARE: dict[str, HardwareSpec] = {
         HardwareSpec(name="b200", system="b200_sxm",
                      peak_tflops={"bf16": 2250, "fp8": 4500, "fp4": 9000},
                      hbm_gb=193.3, hbm_tb_s=7.7, scaleup_domain=8, scaleup_gb_s=900,
-                     nic_gb_s=100, usd_per_gpu_hour=5.0),
+                     nic_gb_s=100, sms=148, usd_per_gpu_hour=5.0),
         HardwareSpec(name="b300", system="b300_sxm",
                      peak_tflops={"bf16": 2250, "fp8": 4500, "fp4": 14000},
                      hbm_gb=288.4, hbm_tb_s=7.75, scaleup_domain=8, scaleup_gb_s=900,
-                     nic_gb_s=100, host_link_gb_s=128.0, usd_per_gpu_hour=6.0),
+                     nic_gb_s=100, host_link_gb_s=128.0, sms=160, usd_per_gpu_hour=6.0),
         HardwareSpec(name="gb200", system="gb200",
                      peak_tflops={"bf16": 2500, "fp8": 5000, "fp4": 10000},
                      hbm_gb=198.7, hbm_tb_s=8.0, scaleup_domain=72, gpus_per_host=4,
                      scaleup_gb_s=900, host_link_gb_s=450.0, host_gb=240.0,
-                     nic_gb_s=100, usd_per_gpu_hour=6.0),
+                     nic_gb_s=100, sms=148, usd_per_gpu_hour=6.0),
         HardwareSpec(name="gb300", system="gb300",
                      peak_tflops={"bf16": 2500, "fp8": 5000, "fp4": 15000},
                      hbm_gb=298.0, hbm_tb_s=8.0, scaleup_domain=72, gpus_per_host=4,
                      scaleup_gb_s=900, host_link_gb_s=450.0, host_gb=240.0,
-                     nic_gb_s=100, usd_per_gpu_hour=7.0),
+                     nic_gb_s=100, sms=160, usd_per_gpu_hour=7.0),
         # This project's CPU machine kind (2 cores with AMX): a rough placeholder until
         # `rackplan calibrate --device cpu` measures it.
         HardwareSpec(name="cpu", system=None, peak_tflops={"bf16": 1.0},

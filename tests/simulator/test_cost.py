@@ -164,6 +164,49 @@ def test_overlap_is_bounded_by_the_max_and_the_sum_of_compute_and_exchange(batch
     assert (dbo.total_ms == plain.total_ms) == small or dbo.total_ms == plain.total_ms
 
 
+def test_each_exchange_hides_under_one_compute_stage_of_the_other_micro_batch():
+    from simulator.cost.step import StepTime, _overlapped
+    # one micro-batch over 2 MoE layers: attention 6 ms, experts 4, dispatch 2, combine 6
+    half = StepTime(18.0, {"attention": 6.0, "moe": 4.0, "communication": 8.0},
+                    {}, {"all_to_all.dispatch": 2.0, "all_to_all.combine": 6.0}, 1.0)
+    # a layer: (dispatch 1 | attention 3) + (1 | experts 2) + (combine 3 | 2) + (3 | 3) = 11
+    assert _overlapped(half, 10.0, 2, 0.0) == pytest.approx(22.0)
+    # the whole exchange (8) under the whole compute (10) would have hidden to 2 x 10 = 20
+    # holding half the SMs, each slot's compute runs half its exchange longer:
+    # max(1, 3.5) + max(1, 2.5) + max(3, 3.5) + max(3, 4.5) = 14 a layer
+    assert _overlapped(half, 10.0, 2, 0.5) == pytest.approx(28.0)
+
+
+@pytest.mark.parametrize(("all2all", "holds"), [("deepep_high_throughput", True),
+                                                ("deepep_low_latency", False),
+                                                ("allgather_reducescatter", False)])
+def test_deepep_normal_kernels_take_their_sms_from_the_compute_they_overlap(
+        monkeypatch, all2all, holds):
+    from dataclasses import replace
+
+    from simulator.cost import step as step_mod
+    from simulator.specs.topology import all_to_all_rate
+    m, hw = load_model("deepseek-v3"), load_hardware("h100")
+    cal = load_calibration(hw, "sglang")
+    inst = Instance(model=m, hardware=hw, role="prefill", ranks=32, expert_parallel=True,
+                    a2a_gb_s=float(all_to_all_rate(32, 8, hw.scaleup_gb_s, hw.nic_gb_s)),
+                    all2all=all2all, dbo=True)
+    batch = Batch.prefill(32, 8192)
+    assert step_mod.exchange_sm_share(inst) == (pytest.approx(20 / 132) if holds else 0.0)
+    got = step_time(inst, batch, cal)
+    with monkeypatch.context() as mp:
+        mp.setattr(step_mod, "DEEPEP_NORMAL_SMS", 0)
+        free = step_time(inst, batch, cal)
+    plain = step_time(replace(inst, dbo=False), batch, cal)
+    if not holds:
+        assert got.total_ms == free.total_ms
+        return
+    exchange = plain.breakdown["communication"]
+    assert free.total_ms < got.total_ms <= free.total_ms + 20 / 132 * exchange
+    assert got.total_ms <= plain.total_ms  # never slower than not overlapping
+    assert "holds 15% of the SMs" in got.provenance["dbo"]
+
+
 def test_attention_dp_over_tp_groups_splits_heads_weights_and_kv():
     from simulator.cost.memory import rank_memory
     m, hw = load_model("deepseek-v3"), load_hardware("h200")

@@ -2,12 +2,13 @@
 DeepEP, two-batch overlap, EPLB) beside rackplan's step prices for the same steps.
 
 The figures and their conditions: benchmarks/data/published_wide_ep.csv and .md (the LMSYS
-blog of 2025-05-05). Each line prices one saturated step of the published layout with
-`rackplan step` (the deck is written beside the run: SGLang, FP8 weights, BF16 KV, 32
-redundant experts, DeepEP normal kernels for prefill and low-latency ones for decode, two-batch
-overlap as the line says) and compares tokens/s per GPU: prompt tokens for prefill, generated
-tokens for decode. rackplan's step spreads each step's tokens over the experts as an ideal EPLB
-would, so it is closest in kind to the "simulated perfect EPLB" line.
+blog of 2025-05-05). Each line prices one saturated step of the published server with
+`rackplan step`, from a single-role deck written beside the run (the blog measured prefill and
+decode apart): SGLang, FP8 weights, BF16 KV, 32 redundant experts, DeepEP normal kernels for
+prefill and low-latency ones for decode, two-batch overlap as the line says. It compares
+tokens/s per GPU: prompt tokens for prefill, generated tokens for decode. rackplan's step
+spreads each step's tokens over the experts as an ideal EPLB would, so it is closest in kind
+to the "simulated perfect EPLB" line.
 
 Run: .venv/bin/python benchmarks/published_wide_ep.py [--json]
 """
@@ -36,28 +37,21 @@ REDUNDANT = 32
 BACKENDS = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}
 
 
-def deck(dbo: bool) -> dict[str, Any]:
-    """The published layout as a rackplan deployment: the prefill (EP32) and decode (EP72)
-    servers with two-batch overlap on or off."""
-    def role(name: str, ep: int, limit: dict[str, int]) -> dict[str, Any]:
-        return {"instances": 1, "dep": ep, "all2all_backend": BACKENDS[name], "dbo": dbo,
-                "redundant_experts": REDUNDANT, **limit}
-
+def deck(role: str, ep: int, batch: int, dbo: bool) -> dict[str, Any]:
+    """One published server as a single-role rackplan deployment (the blog measured prefill
+    and decode apart)."""
+    limit = {"max_num_batched_tokens": 16384} if role == "prefill" else {"max_num_seqs": batch}
     return {"model": "deepseek-v3", "hardware": "h100", "engine": "sglang",
             "precision": {"weights": "fp8", "kv_cache": "bf16"},
-            "prefill": role("prefill", 32, {"max_num_batched_tokens": 16384}),
-            "decode": role("decode", 72, {"max_num_seqs": 256})}
+            role: {"instances": 1, "dep": ep, "all2all_backend": BACKENDS[role], "dbo": dbo,
+                   "redundant_experts": REDUNDANT, **limit}}
 
 
 def line(row: dict[str, str], folder: Path) -> dict[str, Any]:
-    role, batch = row["role"], int(row["batch_per_rank"])
+    role, ep, batch = row["role"], int(row["ep"]), int(row["batch_per_rank"])
     context, dbo = int(row["context"]), row["dbo"] == "true"
-    spec = deck(dbo)
-    if spec[role]["dep"] != int(row["ep"]):
-        raise SystemExit(f"{DATA}: {row['figure']!r} has EP {row['ep']}; the published "
-                         f"{role} server is EP{spec[role]['dep']}")
-    path = folder / f"sglang-h100-{'dbo' if dbo else 'plain'}.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    path = folder / f"sglang-h100-{role}-ep{ep}-{'dbo' if dbo else 'plain'}.yaml"
+    path.write_text(yaml.safe_dump(deck(role, ep, batch, dbo), sort_keys=False))
     rep = step_report(path, role, batch, context)
     published = float(row["tok_s_per_node"]) / GPUS_PER_NODE
     predicted = float(rep["tokens_per_s_per_gpu"])

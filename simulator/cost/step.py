@@ -526,10 +526,12 @@ def close_step(inst: Instance, opened: OpenStep, cal: Calibration,
 
 DEEPEP_NORMAL_SMS = 20
 """SMs DeepEP's normal (high-throughput) kernels run on for as long as they move tokens:
-DeepEP's default `Buffer.num_sms`, which vLLM keeps (`DeepEPAll2AllManagerBase.num_sms`) and
-the DeepSeek-V3 report describes (20 of H800's 132 SMs for communication). Its low-latency
-kernels wait for the network in a receive hook that holds no SM (DeepEP's README), so their
-exchange takes nothing from the compute it overlaps."""
+DeepEP's default `Buffer.num_sms`, which vLLM keeps (`DeepEPAll2AllManagerBase.num_sms`) and,
+under dual-batch overlap, reserves for them (`VLLM_DBO_COMM_SMS`, 20: DeepGEMM gets the rest);
+the DeepSeek-V3 report gives communication 20 of H800's 132 SMs. Its low-latency kernels wait
+for the network in a receive hook that holds no SM (DeepEP's README; vLLM's SM control
+applies to the high-throughput kernels only), so their exchange takes nothing from the
+compute it overlaps."""
 
 
 def exchange_sm_share(inst: Instance) -> float:

@@ -544,20 +544,25 @@ def exchange_sm_share(inst: Instance) -> float:
 def _overlapped(half: StepTime, compute: float, layers: int, held: float) -> float:
     """A dual-batch-overlap step's time but for its fill, from one micro-batch's prices.
 
-    Per MoE layer the two micro-batches take turns: each exchange of one hides under one
-    compute stage of the other, so a layer is four slots, (dispatch | attention), (dispatch |
-    experts), (combine | experts), (combine | attention), each as long as the longer of its
-    two; an exchange that holds a share of the SMs slows the compute beside it by that share
-    of its own time. Attention is everything but the MoE block (router, shared and routed
-    experts)."""
+    Per MoE layer the two micro-batches take turns, as vLLM schedules them (docs/design/
+    dbo.md): while one computes its attention (projections, core attention, the MoE gate) the
+    other's dispatch is in flight, then its routed experts beside the other's dispatch, its
+    shared and routed experts beside the other's combine, its shared experts and the next
+    attention beside its own combine: four slots, (dispatch | attention), (dispatch |
+    experts), (combine | shared + experts), (combine | shared + attention), each as long as
+    the longer of its two. An exchange that holds a share of the SMs slows the compute beside
+    it by that share of its own time. Attention is everything but the shared and routed
+    experts."""
     def slot(exchange: float, work: float) -> float:
         return max(exchange, work + held * exchange)
 
-    moe = half.breakdown["moe"] / layers
-    attn = compute / layers - moe
+    shared = half.parts.get("shared_experts", 0.0) / layers
+    experts = half.breakdown["moe"] / layers - shared - half.parts.get("router", 0.0) / layers
+    attn = compute / layers - experts - shared
     d = half.parts.get("all_to_all.dispatch", 0.0) / layers
     c = half.parts.get("all_to_all.combine", 0.0) / layers
-    return layers * (slot(d, attn) + slot(d, moe) + slot(c, moe) + slot(c, attn))
+    return layers * (slot(d, attn) + slot(d, experts) + slot(c, shared + experts)
+                     + slot(c, shared + attn))
 
 
 def _splits(inst: Instance, batch: Batch) -> bool:

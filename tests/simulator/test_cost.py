@@ -166,14 +166,17 @@ def test_overlap_is_bounded_by_the_max_and_the_sum_of_compute_and_exchange(batch
 
 def test_each_exchange_hides_under_one_compute_stage_of_the_other_micro_batch():
     from simulator.cost.step import StepTime, _overlapped
-    # one micro-batch over 2 MoE layers: attention 6 ms, experts 4, dispatch 2, combine 6
-    half = StepTime(18.0, {"attention": 6.0, "moe": 4.0, "communication": 8.0},
-                    {}, {"all_to_all.dispatch": 2.0, "all_to_all.combine": 6.0}, 1.0)
-    # a layer: (dispatch 1 | attention 3) + (1 | experts 2) + (combine 3 | 2) + (3 | 3) = 11
+    # one micro-batch over 2 MoE layers: attention 6 ms (gate 1 ms among it), experts 4 ms of
+    # which 2 shared, dispatch 2, combine 6
+    half = StepTime(18.0, {"attention": 5.0, "moe": 5.0, "communication": 8.0}, {},
+                    {"router": 1.0, "shared_experts": 2.0, "routed_experts": 2.0,
+                     "all_to_all.dispatch": 2.0, "all_to_all.combine": 6.0}, 1.0)
+    # a layer: (dispatch 1 | attention 3) + (1 | routed 1) + (combine 3 | shared 1 + routed 1)
+    # + (3 | shared 1 + attention 3) = 3 + 1 + 3 + 4 = 11
     assert _overlapped(half, 10.0, 2, 0.0) == pytest.approx(22.0)
     # the whole exchange (8) under the whole compute (10) would have hidden to 2 x 10 = 20
     # holding half the SMs, each slot's compute runs half its exchange longer:
-    # max(1, 3.5) + max(1, 2.5) + max(3, 3.5) + max(3, 4.5) = 14 a layer
+    # max(1, 3.5) + max(1, 1.5) + max(3, 3.5) + max(3, 5.5) = 14 a layer
     assert _overlapped(half, 10.0, 2, 0.5) == pytest.approx(28.0)
 
 

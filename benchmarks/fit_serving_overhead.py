@@ -2,7 +2,9 @@
 
 On the measured rows of the fitting half at concurrency <= 8, in three passes: the per-step
 overhead is a time per decoder layer of the model, the median over all rows of the cost model's
-default plus (measured - simulated) TPOT, divided by the row's layers; the API overhead is the
+default plus (measured - simulated) TPOT, divided by the row's layers (per engine, and per
+engine and layer signature, the sorted attention kinds of the model's layers, where that has
+at least MIN_SIGNATURE_ROWS rows); the API overhead is the
 median line (Theil-Sen: the median of the pairwise slopes, then the median intercept) of
 (measured - simulated) TTFT against the mean prompt length over aggregated rows with that step
 overhead: a fixed part and a part per 1,000 prompt tokens (the engine's), the fixed part also
@@ -36,8 +38,10 @@ import pandas as pd
 from simulator.calibration.serving import (
     FIT_MAX_CONCURRENCY,
     HARDWARE_KEY,
+    LAYERS_KEY,
     ServingOverhead,
     in_fit_half,
+    layer_signature,
 )
 from simulator.cost.step import STEP_OVERHEAD_MS
 from simulator.specs.errors import SpecError
@@ -73,17 +77,43 @@ def model_layers(model_path: str) -> float:
         return float("nan")
 
 
-def per_layer_steps(rows: pd.DataFrame, workers: int) -> dict[str, tuple[float, int]]:
-    """Per engine: the per-step overhead per decoder layer (floored at 0), and its rows."""
+def model_signature(model_path: str) -> str:
+    """The layer signature of a measured row's model ('' for one the model specs cannot
+    read)."""
+    try:
+        return layer_signature(load_model(model_source(model_path)))
+    except SpecError:
+        return ""
+
+
+MIN_SIGNATURE_ROWS = 8
+"""Rows a layer signature needs on an engine for a per-layer step overhead of its own."""
+
+
+PerLayer = tuple[dict[str, tuple[float, int]], dict[str, dict[str, tuple[float, int]]]]
+
+
+def per_layer_steps(rows: pd.DataFrame, workers: int) -> PerLayer:
+    """Per engine: the per-step overhead per decoder layer (floored at 0) and its rows; and
+    per engine and layer signature with at least MIN_SIGNATURE_ROWS rows, the same over that
+    signature's rows."""
     res = _residuals(rows, {}, "tpot", workers)
     layers = rows.model_path.map(model_layers).to_numpy(dtype=float)
-    out = {}
+    signature = rows.model_path.map(model_signature).to_numpy()
+    per = (STEP_OVERHEAD_MS["gpu"] + res) / layers
+    out, by_layers = {}, {}
     for engine in sorted(rows.backend.unique()):
-        ok = (rows.backend == engine).to_numpy() & ~np.isnan(res) & ~np.isnan(layers)
-        if ok.any():
-            per = (STEP_OVERHEAD_MS["gpu"] + res[ok]) / layers[ok]
-            out[engine] = (max(0.0, float(np.median(per))), int(ok.sum()))
-    return out
+        ok = (rows.backend == engine).to_numpy() & ~np.isnan(per)
+        if not ok.any():
+            continue
+        out[engine] = (max(0.0, float(np.median(per[ok]))), int(ok.sum()))
+        kinds = {}
+        for sig in sorted(set(signature[ok]) - {""}):
+            mine = ok & (signature == sig)
+            if mine.sum() >= MIN_SIGNATURE_ROWS:
+                kinds[sig] = (max(0.0, float(np.median(per[mine]))), int(mine.sum()))
+        by_layers[engine] = kinds
+    return out, by_layers
 
 
 def prompt_ktokens(row: Mapping[str, Any]) -> float:
@@ -121,10 +151,11 @@ class ApiFit(NamedTuple):
 NO_API_FIT = ApiFit(0.0, 0.0, 0, {})
 
 
-def api_lines(rows: pd.DataFrame, overheads: Overheads, workers: int) -> dict[str, ApiFit]:
+def api_lines(rows: pd.DataFrame, overheads: Overheads, workers: int,
+              layered: Layered) -> dict[str, ApiFit]:
     """Per engine: the API overhead's fixed part and part per 1,000 prompt tokens, each floored
     at 0 (with the slope floored, a fixed part is the median residual at that slope)."""
-    res = _residuals(rows, overheads, "ttft", workers)
+    res = _residuals(rows, overheads, "ttft", workers, layered)
     x = rows.apply(prompt_ktokens, axis=1).to_numpy(dtype=float)
     preset = rows.system.map(SYSTEMS).to_numpy()
     out = {}
@@ -146,13 +177,19 @@ def api_lines(rows: pd.DataFrame, overheads: Overheads, workers: int) -> dict[st
 
 Overheads = dict[str | tuple[str, str], ServingOverhead]
 """Per engine, or per (engine, hardware preset) where that has its own."""
+Layered = Mapping[tuple[str, str], float]
+"""Per (engine, layer signature) that has its own: the per-layer step overhead."""
 
 
-def _residuals(rows: pd.DataFrame, overheads: Overheads, metric: str,
-               workers: int) -> np.ndarray:
-    items = [(row, overheads.get((row.backend, SYSTEMS.get(row.system, "")),
-                                 overheads.get(row.backend, ServingOverhead())), metric)
-             for _, row in rows.iterrows()]
+def _residuals(rows: pd.DataFrame, overheads: Overheads, metric: str, workers: int,
+               layered: Layered | None = None) -> np.ndarray:
+    items = []
+    for _, row in rows.iterrows():
+        o = overheads.get((row.backend, SYSTEMS.get(row.system, "")),
+                          overheads.get(row.backend, ServingOverhead()))
+        own = (layered or {}).get((row.backend, model_signature(row.model_path)))
+        items.append((row, o if own is None else replace(o, step_overhead_per_layer_ms=own),
+                      metric))
     start, res_list = time.monotonic(), []
     with ProcessPoolExecutor(workers) as pool:
         for i, r in enumerate(pool.map(residual, items, chunksize=2), 1):
@@ -163,10 +200,10 @@ def _residuals(rows: pd.DataFrame, overheads: Overheads, metric: str,
     return np.array(res_list)
 
 
-def median_residuals(rows: pd.DataFrame, overheads: Overheads, metric: str,
-                     workers: int) -> dict[str, tuple[float, int]]:
+def median_residuals(rows: pd.DataFrame, overheads: Overheads, metric: str, workers: int,
+                     layered: Layered) -> dict[str, tuple[float, int]]:
     """Per engine: the median residual of `metric` floored at 0, and its rows."""
-    res = _residuals(rows, overheads, metric, workers)
+    res = _residuals(rows, overheads, metric, workers, layered)
     out = {}
     for engine in sorted(rows.backend.unique()):
         r = res[(rows.backend == engine).to_numpy() & ~np.isnan(res)]
@@ -181,11 +218,12 @@ def main() -> None:
     args = parser.parse_args()
     rows = load_rows()
     rows = rows[rows.id.map(in_fit_half) & (rows.concurrency <= FIT_MAX_CONCURRENCY)]
-    tpot = per_layer_steps(rows, args.workers)
+    tpot, by_layers = per_layer_steps(rows, args.workers)
     step = {e: v for e, (v, _) in tpot.items()}
     base: Overheads = {e: ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=v)
                        for e, v in step.items()}
-    agg = api_lines(rows[rows["mode"] == "agg"], base, args.workers)
+    layered = {(e, sig): v for e, kinds in by_layers.items() for sig, (v, _) in kinds.items()}
+    agg = api_lines(rows[rows["mode"] == "agg"], base, args.workers, layered)
     api: Overheads = {}
     for e in set(step) | set(agg):
         fit = agg.get(e, NO_API_FIT)
@@ -193,7 +231,7 @@ def main() -> None:
                          api_per_ktoken_ms=fit.per_ktoken_ms)
         for hw, (hw_fixed, _) in fit.on_hardware.items():
             api[e, hw] = replace(api[e], api_overhead_ms=hw_fixed)
-    pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers)
+    pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers, layered)
     engines = {}
     for e in sorted(set(agg) | set(pd_) | set(step)):
         fit = agg.get(e, NO_API_FIT)
@@ -201,13 +239,16 @@ def main() -> None:
                           round(step[e], 4)} if e in step else {}),
                       "api_overhead_ms": round(fit.fixed_ms, 1),
                       "api_per_ktoken_ms": round(fit.per_ktoken_ms, 2),
+                      LAYERS_KEY: {sig: {"step_overhead_per_layer_ms": round(v, 4), "rows": n}
+                                   for sig, (v, n) in by_layers.get(e, {}).items()},
                       HARDWARE_KEY: {hw: {"api_overhead_ms": round(v, 1), "rows": n}
                                      for hw, (v, n) in fit.on_hardware.items()},
                       "handoff_ms": round(pd_.get(e, (0.0, 0))[0], 1),
                       "rows": {"tpot": tpot.get(e, (0, 0))[1], "agg": fit.rows,
                                "disagg": pd_.get(e, (0, 0))[1]}}
     doc = {"fitted": str(date.today()), "aiconfigurator_core": version("aiconfigurator-core"),
-           "rule": f"step: median of (default + TPOT residual) per decoder layer; API: "
+           "rule": f"step: median of (default + TPOT residual) per decoder layer, per engine "
+                   f"and per layer signature with >= {MIN_SIGNATURE_ROWS} rows; API: "
                    f"Theil-Sen line of the TTFT residual in prompt length; fitting half, "
                    f"concurrency <= {FIT_MAX_CONCURRENCY}",
            "command": "benchmarks/fit_serving_overhead.py", "engines": engines}

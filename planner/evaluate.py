@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from simulator.calibration import Calibration, load_calibration
 from simulator.calibration.serving import (
     ServingOverhead,
+    layer_signature,
     serving_overhead,
     user_serving_overhead,
 )
@@ -46,15 +47,23 @@ def measured_overhead(deployment: Deployment) -> ServingOverhead | None:
         return None
     hardware = load_hardware(deployment.hardware).name
     return user_serving_overhead(folder, hardware, deployment.engine, deployment.disaggregated,
-                                 serving_overhead(deployment.engine, deployment.disaggregated,
-                                                  hardware))
+                                 fitted_overhead(deployment))
+
+
+def fitted_overhead(deployment: Deployment) -> ServingOverhead:
+    """The latencies fitted on published measurements for the deployment's engine, hardware
+    and model's decoder layers."""
+    from simulator.specs.model import load_model
+
+    return serving_overhead(deployment.engine, deployment.disaggregated,
+                            load_hardware(deployment.hardware).name,
+                            layer_signature(load_model(deployment.model)))
 
 
 def overhead_for(deployment: Deployment) -> ServingOverhead:
     """The serving-stack latencies `rackplan simulate` applies to this deployment: those
     measured in the active calibration folder, else the fit on published measurements."""
-    return measured_overhead(deployment) or serving_overhead(
-        deployment.engine, deployment.disaggregated, load_hardware(deployment.hardware).name)
+    return measured_overhead(deployment) or fitted_overhead(deployment)
 
 
 def sim_options(deployment: Deployment) -> SimOptions:

@@ -32,6 +32,7 @@ from simulator.calibration.serving import (
     FIT_MAX_CONCURRENCY,
     ServingOverhead,
     in_fit_half,
+    layer_signature,
     serving_overhead,
 )
 from simulator.specs.deployment import Deployment, RoleSpec
@@ -441,10 +442,16 @@ WAVES = 10
 `--max-concurrency`)."""
 
 
+def fitted_serving(deployment: Deployment) -> ServingOverhead:
+    """The serving stack's fixed latencies fitted for a row's engine, system and model's
+    decoder layers."""
+    return serving_overhead(deployment.engine, deployment.disaggregated, deployment.hardware,
+                            layer_signature(load_model(deployment.model)))
+
+
 def default_predictor(deployment: Deployment, workload: Workload) -> dict[str, Any]:
     """Simulate with the serving stack's fitted fixed latencies."""
-    return simulate_with(deployment, workload, serving_overhead(
-        deployment.engine, deployment.disaggregated, deployment.hardware))
+    return simulate_with(deployment, workload, fitted_serving(deployment))
 
 
 def simulate_with(deployment: Deployment, workload: Workload,

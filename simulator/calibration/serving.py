@@ -83,27 +83,44 @@ def _table() -> dict[str, Any]:
     return data
 
 
+LAYERS_KEY = "layers"
+"""The key of an engine entry's per-layer step overheads fitted per layer signature (the sorted
+attention kinds of a model's decoder layers, `layer_signature`): a layer launches small kernels
+that depend on its kind (an MLA layer's, a GQA layer's, a DSA layer's indexer, a linear
+attention layer's convolution and gates), so the fit keeps one time per layer for each
+signature with enough rows, and the engine's own for the others."""
+
+
+def layer_signature(model: Any) -> str:
+    """The sorted attention kinds of a model's decoder layers, joined by '+' (e.g. 'mla',
+    'gqa+linear')."""
+    return "+".join(sorted({kind for kind, _ in model.layer_kinds}))
+
+
 CPU_PRESETS = ("cpu",)
 """Hardware presets that keep the cost model's own per-step overhead: the fitted step parts
 (a time per decoder layer of GPU kernels no table prices) come from GPU systems' rows and say
 nothing of a CPU engine's steps, which `rackplan calibrate` and the closed loop measure."""
 
 
-def serving_overhead(engine: str, disaggregated: bool,
-                     hardware: str | None = None) -> ServingOverhead:
+def serving_overhead(engine: str, disaggregated: bool, hardware: str | None = None,
+                     layers: str | None = None) -> ServingOverhead:
     """The fitted overhead of an engine (zeros where nothing was fitted); with the fixed API
-    overhead fitted on `hardware`'s own rows where there were enough (HARDWARE_KEY); on a CPU
-    preset (CPU_PRESETS) without the fitted step parts."""
+    overhead fitted on `hardware`'s own rows where there were enough (HARDWARE_KEY) and the
+    per-layer step overhead fitted on models of the layer signature `layers` where there were
+    enough (LAYERS_KEY); on a CPU preset (CPU_PRESETS) without the fitted step parts."""
     fitted = _table().get("engines", {}).get(engine, {})
     on = fitted.get(HARDWARE_KEY, {}).get(hardware, {}) if hardware else {}
+    kind = fitted.get(LAYERS_KEY, {}).get(layers, {}) if layers else {}
     gpu = hardware not in CPU_PRESETS
     step = fitted.get("step_overhead_ms") if gpu else None
+    per_layer = kind.get("step_overhead_per_layer_ms",
+                         fitted.get("step_overhead_per_layer_ms", 0.0))
     return ServingOverhead(
         api_overhead_ms=float(on.get("api_overhead_ms", fitted.get("api_overhead_ms", 0.0))),
         api_per_ktoken_ms=float(fitted.get("api_per_ktoken_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
-        step_overhead_per_layer_ms=float(fitted.get("step_overhead_per_layer_ms", 0.0))
-        if gpu else 0.0,
+        step_overhead_per_layer_ms=float(per_layer) if gpu else 0.0,
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)
 
 

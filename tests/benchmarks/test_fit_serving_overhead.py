@@ -28,19 +28,25 @@ def test_a_row_replays_its_client_s_mean_prompt():
 
 def test_the_step_overhead_is_the_median_time_per_decoder_layer(monkeypatch):
     """Each row's unexplained TPOT (the default step overhead plus its residual) divided by its
-    model's decoder layers; the engine's median, floored at 0; a model the specs cannot read
-    is left out."""
+    model's decoder layers; the engine's median, floored at 0, and the same per layer signature
+    with enough rows; a model the specs cannot read is left out."""
     import pandas as pd
 
     rows = pd.DataFrame({
-        "backend": ["vllm", "vllm", "vllm", "sglang", "sglang"],
-        "model_path": ["openai/gpt-oss-120b", "MiniMaxAI/MiniMax-M2.5", "no-such/model",
-                       "openai/gpt-oss-120b", "openai/gpt-oss-120b"]})
-    residuals = np.array([-0.1, 1.48, 9.0, -2.0, -3.0])  # ms, measured - simulated TPOT
+        "backend": ["vllm", "vllm", "vllm", "vllm", "sglang", "sglang"],
+        "model_path": ["openai/gpt-oss-120b", "MiniMaxAI/MiniMax-M2.5", "MiniMaxAI/MiniMax-M2.5",
+                       "no-such/model", "openai/gpt-oss-120b", "openai/gpt-oss-120b"]})
+    residuals = np.array([-0.1, 1.48, 2.72, 9.0, -2.0, -3.0])  # ms, measured - simulated TPOT
     monkeypatch.setattr(fit, "_residuals", lambda r, o, m, w: residuals[:len(r)])
+    monkeypatch.setattr(fit, "MIN_SIGNATURE_ROWS", 2)
     assert fit.model_layers("openai/gpt-oss-120b") == 36.0
     assert np.isnan(fit.model_layers("no-such/model"))
-    got = fit.per_layer_steps(rows, workers=1)
-    per = sorted([(1.0 - 0.1) / 36, (1.0 + 1.48) / 62])
-    assert got["vllm"] == (pytest.approx(sum(per) / 2), 2)
+    assert fit.model_signature("openai/gpt-oss-120b") == "gqa+swa_gqa"
+    assert fit.model_signature("MiniMaxAI/MiniMax-M2.5") == "gqa"
+    got, by_layers = fit.per_layer_steps(rows, workers=1)
+    minimax = [(1.0 + 1.48) / 62, (1.0 + 2.72) / 62]
+    assert got["vllm"] == (pytest.approx(minimax[0]), 3)  # the median of three
     assert got["sglang"] == (0.0, 2)  # a negative median is floored
+    # MiniMax's two rows make a signature of their own; gpt-oss's one row does not
+    assert by_layers["vllm"] == {"gqa": (pytest.approx(sum(minimax) / 2), 2)}
+    assert by_layers["sglang"] == {"gqa+swa_gqa": (0.0, 2)}

@@ -107,7 +107,7 @@ def test_the_active_calibration_folder_sets_what_simulate_applies(folder):
         h200 = load_deployment({**AGG, "model": "deepseek-v3", "hardware": "h200",
                                 "precision": {"weights": "fp8", "kv_cache": "fp8"},
                                 "aggregated": {"dep": 8}})
-        assert overhead_for(h200) == serving_overhead("vllm", False, "h200")  # cpu only
+        assert overhead_for(h200) == serving_overhead("vllm", False, "h200", "mla")  # cpu only
 
 
 def test_simulate_and_step_take_the_measured_latencies(folder, tmp_path, capsys):
@@ -264,6 +264,25 @@ def test_a_measured_step_overhead_comes_without_the_shipped_part_per_layer(folde
     both = user_serving_overhead(folder, "cpu", "vllm", False, fallback=shipped)
     assert both is not None
     assert (both.step_overhead_ms, both.step_overhead_per_layer_ms) == (1.5, 0.01)
+
+
+def test_a_model_s_layers_take_the_step_overhead_fitted_on_their_kind(monkeypatch):
+    """Layers of different kinds launch different small kernels: a model whose layer signature
+    has a fit of its own pays that per layer, any other the engine's."""
+    import simulator.calibration.serving as serving
+    from simulator.specs.model import load_model
+
+    table = {"engines": {"sglang": {"step_overhead_ms": 0.0, "step_overhead_per_layer_ms": 0.05,
+                                    serving.LAYERS_KEY: {"mla": {
+                                        "step_overhead_per_layer_ms": 0.025, "rows": 65}}}}}
+    monkeypatch.setattr(serving, "_table", lambda: table)
+    assert serving.layer_signature(load_model("deepseek-v3")) == "mla"
+    assert serving.layer_signature(load_model("gpt-oss-120b")) == "gqa+swa_gqa"
+    mla = serving_overhead("sglang", False, "b200", "mla")
+    other = serving_overhead("sglang", False, "b200", "gqa+swa_gqa")
+    assert (mla.step_overhead_per_layer_ms, other.step_overhead_per_layer_ms) == (0.025, 0.05)
+    assert serving_overhead("sglang", False, "b200").step_overhead_per_layer_ms == 0.05
+    assert serving_overhead("sglang", False, "cpu", "mla").step_overhead_per_layer_ms == 0.0
 
 
 def test_a_cpu_preset_keeps_the_cost_model_s_step_overhead(monkeypatch):

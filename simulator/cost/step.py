@@ -405,7 +405,8 @@ def step_time(inst: Instance, batch: Batch, cal: Calibration) -> StepTime:
 
     With dual-batch overlap a step over vLLM's token thresholds runs as two micro-batches:
     while one exchanges its tokens (dispatch / combine), the other computes. Per layer that is
-    two rounds of max(compute, exchange) of one micro-batch plus one layer's fill, bounded
+    the four slots of `_overlapped` (each exchange beside one compute stage of the other
+    micro-batch, slowed by the SMs a normal-mode exchange holds) plus one layer's fill, bounded
     below by max(compute, exchange) of the whole batch (overlap hides, it never removes) and
     above by their sum (never slower than not overlapping). The exchange left exposed is what
     the breakdown books as communication."""

@@ -31,6 +31,7 @@ from simulator.specs.limits import (
     MAX_CONTEXT_TOKENS,
     MAX_GPUS,
     MAX_NUM_SEQS,
+    MAX_REFINE,
     MAX_REQUESTS,
     MAX_SEED,
     MAX_TRIALS,
@@ -383,6 +384,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     check_range("--workers", args.workers, 1, MAX_WORKERS, "processes on this machine")
     check_range("--seed", args.seed, 0, MAX_SEED, "numpy's and Optuna's seeds")
     check_range("--max-simulations", args.max_simulations, 1, MAX_TRIALS * MAX_BATCH)
+    check_range("--refine", args.refine, 0, MAX_REFINE)
     given = [parse_slo(text) for text in args.slo or []]
     if args.slo_file:
         given = [*load_slo_file(args.slo_file), *given]
@@ -407,7 +409,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         space=build_space(args.model, args.hardware, args.gpus), workload=workload,
         slos=slos, objective=objective, trials=args.trials, seed=args.seed,
         storage=args.storage, study=args.study, batch=args.batch, workers=args.workers,
-        screen=not args.no_screen, max_simulations=args.max_simulations, loads=loads)
+        screen=not args.no_screen, max_simulations=args.max_simulations, loads=loads,
+        refine=args.refine)
     from planner.evaluate import check_workload_fits
     from simulator.specs.model import load_model
 
@@ -757,6 +760,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "need their own (default 0)")
     p.add_argument("--max-simulations", type=int, metavar="N",
                    help="stop once the study has run N simulations (default: no limit)")
+    p.add_argument("--refine", type=int, default=defaults.REFINE, metavar="N",
+                   help="rounds of local search around the best plan after the trials: its "
+                        "one-knob neighbours, screened and simulated; stops early when a round "
+                        f"finds nothing better (0: none; default {defaults.REFINE})")
     p.add_argument("--no-screen", action="store_true",
                    help="simulate every feasible point (no analytic screening)")
     p.add_argument("--out", default=defaults.OUT, help=f"plan file (default {defaults.OUT})")

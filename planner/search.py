@@ -192,6 +192,10 @@ class SearchConfig:
     the workload's own load only."""
     curves: int = 3
     """Deployments whose every load is simulated after the trials (with `loads`)."""
+    refine: int = 0
+    """Rounds around the best plan after the trials (the CLI's default: `defaults.REFINE`): its one-knob neighbours (`adjacent_points`),
+    screened and simulated like the others; the rounds stop early when one finds nothing
+    better."""
 
     def study_name(self) -> str:
         """The given study name, or one derived from what defines the search."""
@@ -391,6 +395,53 @@ class Loop:
             self.run(progress, pool)
         finally:
             self._sweeping = False
+
+    def refine(self, progress: Progress | None = None, pool: LazyPool | None = None) -> None:
+        """Up to `refine` rounds of local search around the best plan: each enqueues the best's
+        one-knob neighbours not simulated yet (at its load) as trials of the study, which are
+        screened and simulated like the sampler's, so a resumed search skips what is done;
+        the next round starts from the best plan then, and the rounds stop once one finds
+        nothing better or nothing new. TPE lands on different regions from seed to seed; a
+        few steps downhill from where it stopped reach plans it missed."""
+        from planner.space import adjacent_points
+
+        space = self.config.space
+        for _ in range(self.config.refine):
+            self._sync()
+            start = self._best()
+            if start is None or self._capped:
+                return
+            have = set(self.history.simulated)
+            todo = []
+            for params in adjacent_points(space, self.history.params[start]):
+                key = _key(dump_deployment(deployment_from_params(space, params)),
+                           params.get("load"))
+                if key not in have:
+                    have.add(key)
+                    todo.append(params)
+            if not todo:
+                return
+            for params in todo:
+                self.study.enqueue_trial(params, user_attrs={"fixed": True, "refine": True},
+                                         skip_if_exists=False)
+            self._sync()
+            self.budget, self._sweeping = self._count, True
+            try:
+                self.run(progress, pool)
+            finally:
+                self._sweeping = False
+            self._sync()
+            if self._best() == start:
+                return
+
+    def _best(self) -> int | None:
+        """The trial number of the best plan so far (None: no simulated plan meets the
+        SLOs)."""
+        from planner.plan import summarize
+
+        best = summarize(records(self.history.trials), self.config.slos,
+                         self.config.objective).best
+        return None if best is None else int(best["number"])
 
     def _sync(self) -> None:
         """Read the study once, stale trials failed and retried first: trials other searches
@@ -792,6 +843,7 @@ def run_search(config: SearchConfig, evaluate: Evaluate | None = None,
         pool, done = LazyPool(config.workers), False
         try:
             loop.run(progress, pool)
+            loop.refine(progress, pool)
             if config.loads:
                 loop.sweep(progress, pool)
             guard.check()

@@ -13,7 +13,7 @@ simulation: the GPU budget, then `resolve` (model rules, memory, topology).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -308,6 +308,77 @@ def pd_sizes(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, tuple[i
     n_prefill = min(n_prefill, (gpus - decode) // prefill)
     n_decode = min(n_decode, (gpus - prefill * n_prefill) // decode)
     return {"prefill": (prefill, n_prefill), "decode": (decode, n_decode)}
+
+
+def adjacent_points(space: SearchSpace, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The points one knob away from `params` (a point of `suggest`): each role's DEP, instance
+    count, redundant experts, token and sequence limits, draft tokens, all-to-all backend and
+    overlap moved to the next choice down and up, in that order, role by role. A new DEP takes
+    the instance count and redundant experts nearest to the point's among its own choices;
+    the layout and the load stay. Moves start from the deployed plan (`as_deployed`), and a
+    move that deploys as the plan or as an earlier move is left out."""
+    roles = ("prefill", "decode") if params["layout"] == "pd" else ("aggregated",)
+    params = as_deployed(space, params)
+    out: list[dict[str, Any]] = []
+
+    def step(name: str, options: Sequence[Any]) -> None:
+        choices = list(options)
+        if name not in params or params[name] not in choices:
+            return
+        i = choices.index(params[name])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(choices):
+                out.append({**params, name: choices[j]})
+
+    for role in roles:
+        dep = int(params[f"{role}_dep"])
+        deps = list(space.deps)
+        if dep in deps:
+            i = deps.index(dep)
+            for j in (i - 1, i + 1):
+                if not 0 <= j < len(deps) or not space.redundant[deps[j]]:
+                    continue
+                new = deps[j]
+                low, high = space.instance_range(role, new)
+                moved = {k: v for k, v in params.items()
+                         if not k.startswith((f"{role}_instances_dep", f"{role}_redundant_dep"))}
+                moved.update({f"{role}_dep": new,
+                              f"{role}_instances_dep{new}": min(max(
+                                  int(params[f"{role}_instances_dep{dep}"]), low), high),
+                              f"{role}_redundant_dep{new}": nearest(
+                                  space.redundant[new], int(params[f"{role}_redundant_dep{dep}"]))})
+                out.append(moved)
+        low, high = space.instance_range(role, dep)
+        step(f"{role}_instances_dep{dep}", range(low, high + 1))
+        step(f"{role}_redundant_dep{dep}", space.redundant.get(dep, ()))
+        step(f"{role}_max_num_batched_tokens", space.max_num_batched_tokens)
+        step(f"{role}_max_num_seqs", space.max_num_seqs)
+        step(f"{role}_mtp_tokens", space.mtp_tokens)
+        step(f"{role}_all2all", space.all2all)
+        step(f"{role}_dbo", space.dbo)
+    seen = {deployment_from_params(space, params).model_dump_json()}
+    distinct = []
+    for point in out:  # a move the budget repairs back, or onto another move, is one point
+        key = deployment_from_params(space, point).model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            distinct.append(point)
+    return distinct
+
+
+def as_deployed(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` with each role's DEP, instances and redundant experts those of the deployment
+    they stand for (`deployment_from_params` repairs a drawn point to the GPU budget), so that
+    moving one knob moves it from where the plan is."""
+    deployment = deployment_from_params(space, params)
+    out = {k: v for k, v in params.items()
+           if not k.startswith(tuple(f"{r}_{f}_dep" for r in deployment.roles
+                                     for f in ("instances", "redundant")))}
+    for role, spec in deployment.roles.items():
+        dep = int(spec.dep or 1)
+        out.update({f"{role}_dep": dep, f"{role}_instances_dep{dep}": spec.instances,
+                    f"{role}_redundant_dep{dep}": spec.redundant_experts})
+    return out
 
 
 def nearest(options: tuple[int, ...], value: int) -> int:

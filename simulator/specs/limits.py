@@ -70,6 +70,11 @@ MAX_BATCH = 1_024
 """Points a search round chooses together (--batch): each is held, screened and simulated in
 the round; the default is 4 and a round of 1,024 already outnumbers any machine's cores."""
 
+MAX_REFINE = 100
+"""Rounds of local search after a search's trials (`rackplan search --refine`): each simulates
+at most a few dozen neighbours of the best plan, and a round that finds nothing better ends
+them."""
+
 MAX_WORKERS = 256
 """Local worker processes (search, validate): each is its own interpreter and simulator
 (~150 MB), so 256 is ~40 GB, and more than the cores of any one machine."""

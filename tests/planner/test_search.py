@@ -21,7 +21,7 @@ from planner.storage import open_storage, redact
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import load_deployment
 from simulator.specs.workload import ClosedArrival, FixedLength, Workload
-from tests.planner.fakes import BatchTradeoff, Planted, Sleepy, constant
+from tests.planner.fakes import BatchTradeoff, Planted, Sleepy, constant, metrics
 
 TINY = Workload(arrival=ClosedArrival(concurrency=8), requests=16,
                 input_tokens=FixedLength(value=512), output_tokens=FixedLength(value=16))
@@ -338,3 +338,37 @@ def test_a_repeated_proposal_becomes_a_point_not_tried_yet(tmp_path):
     for r in moved:
         assert keys.index(json.dumps(r["deployment"], sort_keys=True)) == recs.index(r)
         assert r["repeats"] < r["number"] and r["changed"]
+
+
+class Slope(Planted):
+    """`Planted`'s target, with throughput falling by steps of the knobs' distance to it (in
+    powers of two), so that each step towards it pays."""
+
+    def __call__(self, d):
+        import math
+
+        steps = (abs(math.log2(d.prefill.dep / self.target["prefill_dep"]))
+                 + abs(math.log2(d.decode.dep / self.target["decode_dep"]))
+                 + abs(math.log2(d.decode.max_num_seqs / self.target["max_num_seqs"]))
+                 + abs((d.decode.speculative.tokens if d.decode.speculative else 0)
+                       - self.target["mtp"]))
+        return metrics(throughput=5000.0 - 100.0 * steps, user=50.0)
+
+
+def test_refinement_climbs_from_where_the_trials_stopped_to_a_planted_best(tmp_path):
+    """A few sampled trials land away from the best; rounds of one-knob neighbours of the best
+    so far walk to it, each round enqueued as trials of the study; without them the trials end
+    elsewhere, and a resumed search has nothing left to climb."""
+    fake = Slope({"prefill_dep": 8, "decode_dep": 16, "max_num_seqs": 64, "mtp": 1})
+    cfg = config(tmp_path, space=space(layouts=("pd",)), trials=4, startup_trials=4)
+    plain = summarize(trial_records(run_search(cfg, evaluate=fake)))
+    assert fake.distance(load_deployment(plain.best["deployment"])) > 0
+    refined_cfg = dataclasses.replace(cfg, storage=f"sqlite:///{tmp_path}/refined.db",
+                                      refine=10)
+    refined = run_search(refined_cfg, evaluate=fake)
+    summary = summarize(trial_records(refined))
+    assert fake.distance(load_deployment(summary.best["deployment"])) == 0
+    extra = [t for t in finished(refined) if t.user_attrs.get("refine")]
+    assert extra and all(t.number >= 4 for t in extra)
+    again = run_search(refined_cfg, evaluate=fake)
+    assert len(finished(again)) == len(finished(refined))

@@ -310,3 +310,23 @@ def test_enumeration_is_every_point_within_the_budget_and_the_repair_stays_in_it
     assert len(keys) == points
     for given in pd_draws(space, redundant=True):
         assert deployment_key(suggest(Drawn(given), space)) in keys
+
+
+def test_adjacent_points_move_one_knob_from_the_deployed_plan():
+    from planner.space import adjacent_points
+    space = small_space()
+    point = {"layout": "pd", "prefill_dep": 8, "prefill_instances_dep8": 3,
+             "prefill_redundant_dep8": 0, "prefill_max_num_batched_tokens": 8192,
+             "decode_dep": 8, "decode_instances_dep8": 3, "decode_redundant_dep8": 0,
+             "decode_max_num_seqs": 32, "decode_mtp_tokens": 0,
+             "decode_all2all": "deepep_low_latency"}
+    origin = deployment_from_params(space, point)
+    moved = [deployment_from_params(space, p) for p in adjacent_points(space, point)]
+    assert origin not in moved and len({m.model_dump_json() for m in moved}) == len(moved)
+    # the drawn 3 + 3 instances of DEP8 are repaired to the 32 GPUs first: moves start there
+    assert all(m.gpus_used <= 32 for m in moved)
+    # each knob in turn: a decode batch limit up (32 -> 128), draft tokens on, a DEP up
+    assert any(m.decode.max_num_seqs == 128 and m.prefill == origin.prefill for m in moved)
+    assert any(m.decode.speculative and m.decode.speculative.tokens == 1 for m in moved)
+    up = [m for m in moved if m.prefill.dep == 16]
+    assert up and all(m.prefill.redundant_experts in space.redundant[16] for m in up)

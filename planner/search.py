@@ -193,9 +193,9 @@ class SearchConfig:
     curves: int = 3
     """Deployments whose every load is simulated after the trials (with `loads`)."""
     refine: int = 0
-    """Rounds around the best plan after the trials (the CLI's default: `defaults.REFINE`): its one-knob neighbours (`adjacent_points`),
-    screened and simulated like the others; the rounds stop early when one finds nothing
-    better."""
+    """Rounds around the best plan after the trials (the CLI's default: `defaults.REFINE`):
+    its one-knob neighbours (`adjacent_points`), screened and simulated like the others; the
+    rounds stop early when one finds nothing better."""
 
     def study_name(self) -> str:
         """The given study name, or one derived from what defines the search."""

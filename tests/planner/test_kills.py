@@ -42,6 +42,7 @@ def search_args(tmp_path: Path, storage: str) -> list[str]:
     return [sys.executable, "-m", "planner.cli", "search", "--hardware", "h200", "--gpus", "16",
             "--workload", str(wl), "--slo", "tok_s_user_p50=1", "--trials", str(TRIALS),
             "--no-screen", "--batch", "4", "--workers", "2", "--storage", storage,
+            "--refine", "0",  # the budget of trials alone: the rounds after it add their own
             "--out", str(tmp_path / "plan.yaml"), "--json"]
 
 

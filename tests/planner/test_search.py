@@ -274,7 +274,7 @@ def test_cli_search_json_and_its_plan_reproduce(tmp_path):
     r = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["trials"] == 6 and out["feasible"] >= 1
+    assert out["trials"] >= 6 and out["feasible"] >= 1  # 6 drawn, then the refinement's
     assert set(out["best"]) >= {"deployment", "metrics"} and out["pareto"]
     sim = subprocess.run([sys.executable, "-m", "planner.cli", "simulate", str(plan), "--json"],
                          capture_output=True, text=True, timeout=300)

@@ -27,8 +27,9 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from simulator.calibration.serving import fitted_overhead
 from simulator.specs.errors import SpecError
-from simulator.validate import WAVES, case_from_row, fitted_serving, is_moe_model, load_rows
+from simulator.validate import WAVES, case_from_row, is_moe_model, load_rows
 
 
 def waves(row: pd.Series) -> dict[str, Any] | None:
@@ -39,7 +40,7 @@ def waves(row: pd.Series) -> dict[str, Any] | None:
     try:
         case = case_from_row(row)
         dep = case.deployment
-        res = simulate(dep, case.workload, options=SimOptions.serving(fitted_serving(dep)))
+        res = simulate(dep, case.workload, options=SimOptions.serving(fitted_overhead(dep)))
     except SpecError:
         return None
     ttft = res.ttft_s * 1e3  # in request order: the first `users` are the first wave

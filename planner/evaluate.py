@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 from simulator.calibration import Calibration, load_calibration
 from simulator.calibration.serving import (
     ServingOverhead,
-    layer_signature,
-    serving_overhead,
+    fitted_overhead,
     user_serving_overhead,
 )
 from simulator.calibration.tables import user_calibration_dir
@@ -48,16 +47,6 @@ def measured_overhead(deployment: Deployment) -> ServingOverhead | None:
     hardware = load_hardware(deployment.hardware).name
     return user_serving_overhead(folder, hardware, deployment.engine, deployment.disaggregated,
                                  fitted_overhead(deployment))
-
-
-def fitted_overhead(deployment: Deployment) -> ServingOverhead:
-    """The latencies fitted on published measurements for the deployment's engine, hardware
-    and model's decoder layers."""
-    from simulator.specs.model import load_model
-
-    return serving_overhead(deployment.engine, deployment.disaggregated,
-                            load_hardware(deployment.hardware).name,
-                            layer_signature(load_model(deployment.model)))
 
 
 def overhead_for(deployment: Deployment) -> ServingOverhead:

@@ -384,17 +384,7 @@ class Loop:
             deployment = dump_deployment(deployment_from_params(self.config.space, params))
             todo += [{**params, "load": load} for load in self.config.loads
                      if _key(deployment, load) not in have]
-        for params in todo:
-            self.study.enqueue_trial(params, user_attrs={"curve": True, "fixed": True},
-                                     skip_if_exists=False)
-        if not todo:
-            return
-        self._sync()
-        self.budget, self._sweeping = self._count, True
-        try:
-            self.run(progress, pool)
-        finally:
-            self._sweeping = False
+        self._run_enqueued(todo, {"curve": True, "fixed": True}, progress, pool)
 
     def refine(self, progress: Progress | None = None, pool: LazyPool | None = None) -> None:
         """Up to `refine` rounds of local search around the best plan: each enqueues the best's
@@ -421,18 +411,25 @@ class Loop:
                     todo.append(params)
             if not todo:
                 return
-            for params in todo:
-                self.study.enqueue_trial(params, user_attrs={"fixed": True, "refine": True},
-                                         skip_if_exists=False)
-            self._sync()
-            self.budget, self._sweeping = self._count, True
-            try:
-                self.run(progress, pool)
-            finally:
-                self._sweeping = False
+            self._run_enqueued(todo, {"fixed": True, "refine": True}, progress, pool)
             self._sync()
             if self._best() == start:
                 return
+
+    def _run_enqueued(self, todo: list[dict[str, Any]], attrs: dict[str, Any],
+                      progress: Progress | None, pool: LazyPool | None) -> None:
+        """Enqueue `todo` (trial params) as trials with `attrs` and run them all, past the
+        budget of drawn trials (nothing when `todo` is empty)."""
+        if not todo:
+            return
+        for params in todo:
+            self.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)
+        self._sync()
+        self.budget, self._sweeping = self._count, True
+        try:
+            self.run(progress, pool)
+        finally:
+            self._sweeping = False
 
     def _best(self) -> int | None:
         """The trial number of the best plan so far (None: no simulated plan meets the

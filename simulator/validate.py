@@ -31,9 +31,8 @@ import pandas as pd
 from simulator.calibration.serving import (
     FIT_MAX_CONCURRENCY,
     ServingOverhead,
+    fitted_overhead,
     in_fit_half,
-    layer_signature,
-    serving_overhead,
 )
 from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.errors import SpecError
@@ -442,16 +441,9 @@ WAVES = 10
 `--max-concurrency`)."""
 
 
-def fitted_serving(deployment: Deployment) -> ServingOverhead:
-    """The serving stack's fixed latencies fitted for a row's engine, system and model's
-    decoder layers."""
-    return serving_overhead(deployment.engine, deployment.disaggregated, deployment.hardware,
-                            layer_signature(load_model(deployment.model)))
-
-
 def default_predictor(deployment: Deployment, workload: Workload) -> dict[str, Any]:
     """Simulate with the serving stack's fitted fixed latencies."""
-    return simulate_with(deployment, workload, fitted_serving(deployment))
+    return simulate_with(deployment, workload, fitted_overhead(deployment))
 
 
 def simulate_with(deployment: Deployment, workload: Workload,

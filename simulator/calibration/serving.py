@@ -124,6 +124,17 @@ def serving_overhead(engine: str, disaggregated: bool, hardware: str | None = No
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)
 
 
+def fitted_overhead(deployment: Any) -> ServingOverhead:
+    """The latencies fitted on published measurements for a deployment's engine, hardware
+    and model's decoder layers (`serving_overhead` with its layer signature)."""
+    from simulator.specs.hardware import load_hardware
+    from simulator.specs.model import load_model
+
+    return serving_overhead(deployment.engine, deployment.disaggregated,
+                            load_hardware(deployment.hardware).name,
+                            layer_signature(load_model(deployment.model)))
+
+
 USER_FILE = "serving_overhead.json"
 """Serving latencies measured on a real engine, in a `rackplan calibrate` folder beside the
 kernel tables (benchmarks/closed_loop.py fits and writes them). While that folder is the active

@@ -48,6 +48,13 @@ def test_silicon_repeatability_prints_the_noise_floor():
     assert "TTFT between repeats: MAPE" in out and "TPOT between repeats: MAPE" in out
 
 
+def test_silicon_in_flight_finds_the_capped_run_first():
+    out = run("benchmarks/silicon_in_flight.py", "--rows", "12")
+    lines = out.splitlines()
+    assert sum(line.split()[-1] == "True" for line in lines[1:-1]) == 9
+    assert "9 in CAPPED_RUNS" in lines[-1]
+
+
 def test_report_figures_prints_every_figure_with_its_command():
     import json
 

@@ -15,7 +15,10 @@ from executor.backends.procs import alive
 from planner.cli import main
 from simulator.specs.errors import SpecError
 from simulator.validate import (
+    CAPPED,
+    capped_run,
     case_from_row,
+    in_flight,
     is_moe_model,
     kv_cache_dtype,
     load_rows,
@@ -186,6 +189,24 @@ def test_pd_rows_without_worker_counts_are_counted_apart_from_the_describable(ro
     report = summarize(df)
     assert (report["moe"]["rows"], report["moe"]["covered"]) == (4, 2)
     assert (report["moe_describable"]["rows"], report["moe_describable"]["covered"]) == (2, 2)
+
+
+def test_a_run_held_back_outside_its_deployment_is_counted_apart(rows):
+    """gpt-oss-120b on H100 at 512 users (2025-12): ~100 requests in flight whatever the TP,
+    by Little's law on the rows' own figures; the same model and layout at 64 users is
+    predicted."""
+    capped = rows[rows.apply(capped_run, axis=1)]
+    assert len(capped) == 9 and set(capped.tp_size) == {2, 4, 8}
+    held = in_flight(capped.concurrency, capped.osl, capped.silicon_ttft_ms,
+                     capped.silicon_tpot_ms)
+    assert held.between(80, 110).all()
+    same = rows[(rows.model_path == "openai/gpt-oss-120b") & (rows.system == "h100_sxm")
+                & (rows.backend == "vllm") & (rows.concurrency == 64)].head(1)
+    df = validate(pd.concat([capped.head(2), same]),
+                  predictor=lambda d, w: {"ttft_ms": {"mean": 1.0}, "tpot_ms": {"mean": 1.0}})
+    assert (df.reason == CAPPED).sum() == 2 and df.covered.sum() == 1
+    report = summarize(df)
+    assert (report["moe"]["rows"], report["moe_describable"]["rows"]) == (3, 1)
 
 
 def test_a_killed_validate_resumes_without_redoing_rows(rows, tmp_path):

@@ -398,6 +398,26 @@ CAPPED = "the run held ~100 of its 512 users' requests in flight whatever its la
 """Why a row of CAPPED_RUNS is not predicted: the deployment it records did not set its load."""
 
 
+PD_AS_AGG_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gb200", ("2025-11-16", "2025-11-17")),
+)
+"""Aggregated rows that were multi-node P/D deployments: (system, days measured). The 55 GB200
+rows of 2025-11-16 and -17 (DeepSeek-R1 on TensorRT-LLM and SGLang, 3 to 8,192 users) record
+mode agg with tp_size 12 to 72 and no worker counts; InferenceX ran GB200 then only through its
+multi-node launcher (`runners/launch_gb200-nv.sh` of 2025-11-17: Dynamo's `submit_disagg.sh`
+with context and generation workers), so tp_size is the deployment's GPU count, not a TP
+group. Their layout is unknown, like P/D rows without worker counts (PD_AS_AGG)."""
+
+PD_AS_AGG = "a multi-node P/D deployment recorded as one aggregated TP group"
+"""Why a row of PD_AS_AGG_RUNS is not predicted: its layout is unknown."""
+
+
+def pd_as_agg(row: pd.Series) -> bool:
+    """Whether a row belongs to a run of PD_AS_AGG_RUNS."""
+    return row["mode"] == "agg" and any(
+        row.system == system and row.measured_day in days for system, days in PD_AS_AGG_RUNS)
+
+
 def capped_run(row: pd.Series) -> bool:
     """Whether a row belongs to a run of CAPPED_RUNS."""
     return any(row.backend == backend and row.model_path == model and row.system == system
@@ -409,6 +429,8 @@ def case_from_row(row: pd.Series) -> Case:
     """The deployment and workload of one measured row; SpecError says why it is not covered."""
     if capped_run(row):
         raise SpecError(CAPPED)
+    if pd_as_agg(row):
+        raise SpecError(PD_AS_AGG)
     if row.system not in SYSTEMS:
         raise SpecError(f"system {row.system} has no hardware preset")
     conc = _num(row.concurrency)
@@ -611,7 +633,7 @@ UNDESCRIBED = "P/D worker counts not recorded"
 """Why a P/D row that records no worker counts is not covered: its instance counts, and so its
 layout, are unknown. Such rows are counted apart from the describable ones."""
 
-APART = (UNDESCRIBED, CAPPED)
+APART = (UNDESCRIBED, PD_AS_AGG, CAPPED)
 """Reasons that count a row apart from the describable ones: what was measured is not the
 deployment and load the row records, or that deployment is unknown."""
 

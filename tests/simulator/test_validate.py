@@ -16,12 +16,14 @@ from planner.cli import main
 from simulator.specs.errors import SpecError
 from simulator.validate import (
     CAPPED,
+    PD_AS_AGG,
     capped_run,
     case_from_row,
     in_flight,
     is_moe_model,
     kv_cache_dtype,
     load_rows,
+    pd_as_agg,
     summarize,
     validate,
 )
@@ -207,6 +209,19 @@ def test_a_run_held_back_outside_its_deployment_is_counted_apart(rows):
     assert (df.reason == CAPPED).sum() == 2 and df.covered.sum() == 1
     report = summarize(df)
     assert (report["moe"]["rows"], report["moe_describable"]["rows"]) == (3, 1)
+
+
+def test_gb200_pd_runs_recorded_as_aggregated_are_counted_apart(rows):
+    """InferenceX ran GB200 in 2025-11 only as multi-node P/D: those rows' tp_size (12-72) is
+    the deployment's GPU count, so TP32 and TP64 are not predicted as aggregated TP groups."""
+    runs = rows[rows.apply(pd_as_agg, axis=1)]
+    assert len(runs) == 55 and set(runs["mode"]) == {"agg"} and runs.tp_size.min() >= 12
+    tp32 = runs[runs.tp_size == 32].head(1)
+    df = validate(tp32, predictor=lambda d, w: {"ttft_ms": {"mean": 1.0},
+                                                "tpot_ms": {"mean": 1.0}})
+    assert list(df.reason) == [PD_AS_AGG] and not df.covered.any()
+    df["moe"] = True
+    assert summarize(df)["moe_describable"]["rows"] == 0
 
 
 def test_a_killed_validate_resumes_without_redoing_rows(rows, tmp_path):

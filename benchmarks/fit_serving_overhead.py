@@ -9,7 +9,9 @@ median line (Theil-Sen: the median of the pairwise slopes, then the median inter
 (measured - simulated) TTFT against the mean prompt length over aggregated rows with that step
 overhead: a fixed part and a part per 1,000 prompt tokens (the engine's), the fixed part also
 per hardware preset where the engine has at least MIN_HARDWARE_ROWS rows on that system (the
-median residual there at the engine's slope); the P/D handoff is the median of that residual
+median residual there at the engine's slope), and an offset to it per layer signature where the
+engine has at least MIN_SIGNATURE_API_ROWS rows of it (the median of what those rows leave
+above their fixed part, either sign); the P/D handoff is the median of that residual
 over P/D rows once all are in. All are floored at 0. Writes
 simulator/calibration/data/serving_overhead.json (temp file, then rename).
 
@@ -138,6 +140,11 @@ MIN_HARDWARE_ROWS = 10
 many; the others take the engine's."""
 
 
+MIN_SIGNATURE_API_ROWS = 10
+"""Aggregated rows a layer signature needs on an engine for an offset of its own to the fixed
+API overhead."""
+
+
 class ApiFit(NamedTuple):
     """An engine's fitted API overhead."""
 
@@ -146,18 +153,24 @@ class ApiFit(NamedTuple):
     rows: int
     on_hardware: dict[str, tuple[float, int]]
     """Per hardware preset with enough rows: its own fixed ms, and its rows."""
+    by_layers: dict[str, tuple[float, int]]
+    """Per layer signature with enough rows: its offset to the fixed part (ms, either sign),
+    and its rows."""
 
 
-NO_API_FIT = ApiFit(0.0, 0.0, 0, {})
+NO_API_FIT = ApiFit(0.0, 0.0, 0, {}, {})
 
 
 def api_lines(rows: pd.DataFrame, overheads: Overheads, workers: int,
               layered: Layered) -> dict[str, ApiFit]:
     """Per engine: the API overhead's fixed part and part per 1,000 prompt tokens, each floored
-    at 0 (with the slope floored, a fixed part is the median residual at that slope)."""
+    at 0 (with the slope floored, a fixed part is the median residual at that slope); the fixed
+    part per hardware preset with enough rows; then per layer signature with enough rows, the
+    median of what the rows' residuals leave above their fixed part (hardware's or engine's)."""
     res = _residuals(rows, overheads, "ttft", workers, layered)
     x = rows.apply(prompt_ktokens, axis=1).to_numpy(dtype=float)
     preset = rows.system.map(SYSTEMS).to_numpy()
+    signature = rows.model_path.map(model_signature).to_numpy()
     out = {}
     for engine in sorted(rows.backend.unique()):
         ok = (rows.backend == engine).to_numpy() & ~np.isnan(res)
@@ -165,31 +178,44 @@ def api_lines(rows: pd.DataFrame, overheads: Overheads, workers: int,
             continue
         _, slope = median_line(x[ok], res[ok])
         slope = max(slope, 0.0)
-        fixed = max(float(np.median(res[ok] - slope * x[ok])), 0.0)
+        left = res - slope * x
+        fixed = max(float(np.median(left[ok])), 0.0)
         own = {}
         for hw in sorted(set(preset[ok])):
             on = ok & (preset == hw)
             if on.sum() >= MIN_HARDWARE_ROWS:
-                own[hw] = (max(float(np.median(res[on] - slope * x[on])), 0.0), int(on.sum()))
-        out[engine] = ApiFit(fixed, slope, int(ok.sum()), own)
+                own[hw] = (max(float(np.median(left[on])), 0.0), int(on.sum()))
+        row_fixed = np.array([own.get(hw, (fixed, 0))[0] for hw in preset])
+        kinds = {}
+        for sig in sorted(set(signature[ok]) - {""}):
+            mine = ok & (signature == sig)
+            if mine.sum() >= MIN_SIGNATURE_API_ROWS:
+                kinds[sig] = (float(np.median((left - row_fixed)[mine])), int(mine.sum()))
+        out[engine] = ApiFit(fixed, slope, int(ok.sum()), own, kinds)
     return out
 
 
 Overheads = dict[str | tuple[str, str], ServingOverhead]
 """Per engine, or per (engine, hardware preset) where that has its own."""
 Layered = Mapping[tuple[str, str], float]
-"""Per (engine, layer signature) that has its own: the per-layer step overhead."""
+"""Per (engine, layer signature) that has its own: its per-layer step overhead or API offset."""
 
 
 def _residuals(rows: pd.DataFrame, overheads: Overheads, metric: str, workers: int,
-               layered: Layered | None = None) -> np.ndarray:
+               layered: Layered | None = None,
+               api_offsets: Layered | None = None) -> np.ndarray:
     items = []
     for _, row in rows.iterrows():
         o = overheads.get((row.backend, SYSTEMS.get(row.system, "")),
                           overheads.get(row.backend, ServingOverhead()))
-        own = (layered or {}).get((row.backend, model_signature(row.model_path)))
-        items.append((row, o if own is None else replace(o, step_overhead_per_layer_ms=own),
-                      metric))
+        key = (row.backend, model_signature(row.model_path))
+        own = (layered or {}).get(key)
+        if own is not None:
+            o = replace(o, step_overhead_per_layer_ms=own)
+        offset = (api_offsets or {}).get(key)
+        if offset is not None:
+            o = replace(o, api_overhead_ms=max(0.0, o.api_overhead_ms + offset))
+        items.append((row, o, metric))
     start, res_list = time.monotonic(), []
     with ProcessPoolExecutor(workers) as pool:
         for i, r in enumerate(pool.map(residual, items, chunksize=2), 1):
@@ -201,15 +227,27 @@ def _residuals(rows: pd.DataFrame, overheads: Overheads, metric: str, workers: i
 
 
 def median_residuals(rows: pd.DataFrame, overheads: Overheads, metric: str, workers: int,
-                     layered: Layered) -> dict[str, tuple[float, int]]:
+                     layered: Layered, api_offsets: Layered) -> dict[str, tuple[float, int]]:
     """Per engine: the median residual of `metric` floored at 0, and its rows."""
-    res = _residuals(rows, overheads, metric, workers, layered)
+    res = _residuals(rows, overheads, metric, workers, layered, api_offsets)
     out = {}
     for engine in sorted(rows.backend.unique()):
         r = res[(rows.backend == engine).to_numpy() & ~np.isnan(res)]
         if len(r):
             out[engine] = (max(0.0, float(np.median(r))), len(r))
     return out
+
+
+def layer_entries(steps: Mapping[str, tuple[float, int]],
+                  api: Mapping[str, tuple[float, int]]) -> dict[str, dict[str, Any]]:
+    """An engine's LAYERS_KEY entries: per layer signature its step overhead per layer and its
+    API offset, where each was fitted, with their rows."""
+    out: dict[str, dict[str, Any]] = {}
+    for sig, (v, n) in steps.items():
+        out.setdefault(sig, {}).update({"step_overhead_per_layer_ms": round(v, 4), "rows": n})
+    for sig, (v, n) in api.items():
+        out.setdefault(sig, {}).update({"api_offset_ms": round(v, 1), "api_rows": n})
+    return dict(sorted(out.items()))
 
 
 def main() -> None:
@@ -231,7 +269,9 @@ def main() -> None:
                          api_per_ktoken_ms=fit.per_ktoken_ms)
         for hw, (hw_fixed, _) in fit.on_hardware.items():
             api[e, hw] = replace(api[e], api_overhead_ms=hw_fixed)
-    pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers, layered)
+    offsets = {(e, sig): v for e, fit in agg.items() for sig, (v, _) in fit.by_layers.items()}
+    pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers, layered,
+                           offsets)
     engines = {}
     for e in sorted(set(agg) | set(pd_) | set(step)):
         fit = agg.get(e, NO_API_FIT)
@@ -239,8 +279,7 @@ def main() -> None:
                           round(step[e], 4)} if e in step else {}),
                       "api_overhead_ms": round(fit.fixed_ms, 1),
                       "api_per_ktoken_ms": round(fit.per_ktoken_ms, 2),
-                      LAYERS_KEY: {sig: {"step_overhead_per_layer_ms": round(v, 4), "rows": n}
-                                   for sig, (v, n) in by_layers.get(e, {}).items()},
+                      LAYERS_KEY: layer_entries(by_layers.get(e, {}), fit.by_layers),
                       HARDWARE_KEY: {hw: {"api_overhead_ms": round(v, 1), "rows": n}
                                      for hw, (v, n) in fit.on_hardware.items()},
                       "handoff_ms": round(pd_.get(e, (0.0, 0))[0], 1),
@@ -249,8 +288,10 @@ def main() -> None:
     doc = {"fitted": str(date.today()), "aiconfigurator_core": version("aiconfigurator-core"),
            "rule": f"step: median of (default + TPOT residual) per decoder layer, per engine "
                    f"and per layer signature with >= {MIN_SIGNATURE_ROWS} rows; API: "
-                   f"Theil-Sen line of the TTFT residual in prompt length; fitting half, "
-                   f"concurrency <= {FIT_MAX_CONCURRENCY}",
+                   f"Theil-Sen line of the TTFT residual in prompt length, the fixed part per "
+                   f"hardware with >= {MIN_HARDWARE_ROWS} rows, an offset per layer signature "
+                   f"with >= {MIN_SIGNATURE_API_ROWS} rows; fitting half, concurrency <= "
+                   f"{FIT_MAX_CONCURRENCY}",
            "command": "benchmarks/fit_serving_overhead.py", "engines": engines}
     fd, tmp = tempfile.mkstemp(dir=OUT.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

@@ -88,7 +88,10 @@ LAYERS_KEY = "layers"
 attention kinds of a model's decoder layers, `layer_signature`): a layer launches small kernels
 that depend on its kind (an MLA layer's, a GQA layer's, a DSA layer's indexer, a linear
 attention layer's convolution and gates), so the fit keeps one time per layer for each
-signature with enough rows, and the engine's own for the others."""
+signature with enough rows, and the engine's own for the others. An entry may also hold
+`api_offset_ms`: what the TTFT of that signature's models leaves above the engine's fixed API
+overhead (its first step's setup that no table times: MLA's on TensorRT-LLM +61 ms, gpt-oss's
+sliding-window layers there -47 ms in the fit of 2026-12-04)."""
 
 
 def layer_signature(model: Any) -> str:
@@ -106,9 +109,10 @@ nothing of a CPU engine's steps, which `rackplan calibrate` and the closed loop 
 def serving_overhead(engine: str, disaggregated: bool, hardware: str | None = None,
                      layers: str | None = None) -> ServingOverhead:
     """The fitted overhead of an engine (zeros where nothing was fitted); with the fixed API
-    overhead fitted on `hardware`'s own rows where there were enough (HARDWARE_KEY) and the
-    per-layer step overhead fitted on models of the layer signature `layers` where there were
-    enough (LAYERS_KEY); on a CPU preset (CPU_PRESETS) without the fitted step parts."""
+    overhead fitted on `hardware`'s own rows where there were enough (HARDWARE_KEY), and the
+    per-layer step overhead and the fixed API overhead's offset fitted on models of the layer
+    signature `layers` where there were enough (LAYERS_KEY; the API overhead floored at 0); on a
+    CPU preset (CPU_PRESETS) without the fitted step parts."""
     fitted = _table().get("engines", {}).get(engine, {})
     on = fitted.get(HARDWARE_KEY, {}).get(hardware, {}) if hardware else {}
     kind = fitted.get(LAYERS_KEY, {}).get(layers, {}) if layers else {}
@@ -116,8 +120,9 @@ def serving_overhead(engine: str, disaggregated: bool, hardware: str | None = No
     step = fitted.get("step_overhead_ms") if gpu else None
     per_layer = kind.get("step_overhead_per_layer_ms",
                          fitted.get("step_overhead_per_layer_ms", 0.0))
+    api = float(on.get("api_overhead_ms", fitted.get("api_overhead_ms", 0.0)))
     return ServingOverhead(
-        api_overhead_ms=float(on.get("api_overhead_ms", fitted.get("api_overhead_ms", 0.0))),
+        api_overhead_ms=max(0.0, api + float(kind.get("api_offset_ms", 0.0))),
         api_per_ktoken_ms=float(fitted.get("api_per_ktoken_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
         step_overhead_per_layer_ms=float(per_layer) if gpu else 0.0,

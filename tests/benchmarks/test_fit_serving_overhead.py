@@ -50,3 +50,27 @@ def test_the_step_overhead_is_the_median_time_per_decoder_layer(monkeypatch):
     # MiniMax's two rows make a signature of their own; gpt-oss's one row does not
     assert by_layers["vllm"] == {"gqa": (pytest.approx(sum(minimax) / 2), 2)}
     assert by_layers["sglang"] == {"gqa+swa_gqa": (0.0, 2)}
+
+
+def test_the_api_offset_per_layer_signature_is_what_its_rows_leave_above_the_fixed_part(
+        monkeypatch):
+    """The engine's line first (fixed part and slope), the hardware's own fixed part where it
+    has enough rows, then per layer signature with enough rows the median of what is left:
+    either sign, not floored."""
+    import pandas as pd
+
+    rows = pd.DataFrame({
+        "backend": ["trtllm"] * 6,
+        "model_path": ["openai/gpt-oss-120b"] * 3 + ["deepseek-ai/DeepSeek-R1"] * 3,
+        "system": ["b200_sxm"] * 6, "isl": [1024] * 6})
+    residuals = np.array([30.0, 31.0, 32.0, 130.0, 131.0, 133.0])  # ms, measured - simulated
+    monkeypatch.setattr(fit, "_residuals", lambda *a, **k: residuals)
+    monkeypatch.setattr(fit, "MIN_SIGNATURE_API_ROWS", 3)
+    got = fit.api_lines(rows, {}, workers=1, layered={})["trtllm"]
+    assert got.per_ktoken_ms == 0.0 and got.fixed_ms == pytest.approx(81.0)  # the median
+    assert got.by_layers == {"gqa+swa_gqa": (pytest.approx(-50.0), 3),
+                             "mla": (pytest.approx(50.0), 3)}
+    entries = fit.layer_entries({"mla": (0.02, 9)}, got.by_layers)
+    assert entries["mla"] == {"step_overhead_per_layer_ms": 0.02, "rows": 9,
+                              "api_offset_ms": 50.0, "api_rows": 3}
+    assert entries["gqa+swa_gqa"] == {"api_offset_ms": -50.0, "api_rows": 3}

@@ -99,7 +99,7 @@ def test_bad_latency_name_bad_folder_and_bad_file_are_one_sentence(folder, tmp_p
 def test_the_active_calibration_folder_sets_what_simulate_applies(folder):
     agg, pd_ = load_deployment(AGG), load_deployment(PD)
     assert measured_overhead(agg) is None
-    assert overhead_for(agg) == serving_overhead("vllm", False, "cpu")
+    assert overhead_for(agg) == serving_overhead("vllm", False, "cpu", "gqa")  # tiny-moe's
     with calibration_dir(folder):
         assert overhead_for(agg).api_overhead_ms == 20.0
         assert overhead_for(pd_).handoff_ms == 40.0
@@ -283,6 +283,23 @@ def test_a_model_s_layers_take_the_step_overhead_fitted_on_their_kind(monkeypatc
     assert (mla.step_overhead_per_layer_ms, other.step_overhead_per_layer_ms) == (0.025, 0.05)
     assert serving_overhead("sglang", False, "b200").step_overhead_per_layer_ms == 0.05
     assert serving_overhead("sglang", False, "cpu", "mla").step_overhead_per_layer_ms == 0.0
+
+
+def test_a_model_s_layers_move_the_fixed_api_overhead_by_their_kind_s_offset(monkeypatch):
+    """The fixed API overhead (the hardware's where it has one) plus the offset fitted on the
+    model's layer signature, floored at 0; the part per prompt token stays the engine's."""
+    import simulator.calibration.serving as serving
+
+    table = {"engines": {"trtllm": {
+        "api_overhead_ms": 100.0, "api_per_ktoken_ms": 3.0,
+        serving.HARDWARE_KEY: {"b200": {"api_overhead_ms": 70.0}},
+        serving.LAYERS_KEY: {"mla": {"api_offset_ms": 60.0},
+                             "gqa+swa_gqa": {"api_offset_ms": -80.0}}}}}
+    monkeypatch.setattr(serving, "_table", lambda: table)
+    assert serving_overhead("trtllm", False, "b200", "mla").api_overhead_ms == 130.0
+    assert serving_overhead("trtllm", False, "h200", "mla").api_overhead_ms == 160.0
+    assert serving_overhead("trtllm", False, "b200", "gqa+swa_gqa").api_overhead_ms == 0.0
+    assert serving_overhead("trtllm", False, "b200", "gqa").api_ms(1000) == 73.0
 
 
 def test_a_cpu_preset_keeps_the_cost_model_s_step_overhead(monkeypatch):

@@ -340,7 +340,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         t.add_row(g["backend"], g["system"], g["mode"], str(g["rows"]), str(g["covered"]),
                   _fmt_pct(g["tpot_mape"]), _fmt_pct(g["ttft_mape"]))
     for name, blk in (("MoE rows", report["moe"]),
-                      ("MoE rows that record their layout", report["moe_describable"]),
+                      ("MoE rows that record their layout and load", report["moe_describable"]),
                       ("all rows", {**report["overall"],
                       "rows": report["rows"], "covered": report["covered"]})):
         t.add_row(f"[bold]{name}[/]", "", "", str(blk["rows"]), str(blk["covered"]),

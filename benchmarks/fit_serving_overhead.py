@@ -4,7 +4,10 @@ On the measured rows of the fitting half at concurrency <= 8, in three passes: t
 overhead is a time per decoder layer of the model, the median over all rows of the cost model's
 default plus (measured - simulated) TPOT, divided by the row's layers (per engine, and per
 engine and layer signature, the sorted attention kinds of the model's layers, where that has
-at least MIN_SIGNATURE_ROWS rows); the API overhead is the
+at least MIN_SIGNATURE_ROWS rows); then a time per request the busiest rank runs in a step (the
+engine's CPU work per request: scheduling, inputs, sampling, output), the Theil-Sen slope of
+the TPOT residual against those requests over the fitting half's aggregated rows above 8 users
+(up to FIT_MAX_LOADED_CONCURRENCY); the API overhead is the
 median line (Theil-Sen: the median of the pairwise slopes, then the median intercept) of
 (measured - simulated) TTFT against the mean prompt length over aggregated rows with that step
 overhead: a fixed part and a part per 1,000 prompt tokens (the engine's), the fixed part also
@@ -39,6 +42,7 @@ import pandas as pd
 
 from simulator.calibration.serving import (
     FIT_MAX_CONCURRENCY,
+    FIT_MAX_LOADED_CONCURRENCY,
     HARDWARE_KEY,
     LAYERS_KEY,
     ServingOverhead,
@@ -116,6 +120,32 @@ def per_layer_steps(rows: pd.DataFrame, workers: int) -> PerLayer:
                 kinds[sig] = (max(0.0, float(np.median(per[mine]))), int(mine.sum()))
         by_layers[engine] = kinds
     return out, by_layers
+
+
+def requests_per_rank(row: pd.Series) -> float:
+    """Requests the busiest rank of an aggregated row's instance runs at full load: the
+    concurrency over the instances' DP ranks (NaN for a row validate does not cover)."""
+    try:
+        role = case_from_row(row).deployment.roles["aggregated"]
+    except SpecError:
+        return float("nan")
+    return float(row.concurrency) / ((role.dep or 1) * role.instances)
+
+
+def per_request_steps(rows: pd.DataFrame, overheads: Overheads, workers: int,
+                      layered: Layered) -> dict[str, tuple[float, int]]:
+    """Per engine: the step overhead per running request of the busiest rank (ms, floored at
+    0) and its rows: the Theil-Sen slope of the TPOT residual against the requests a rank runs,
+    over loaded aggregated rows (the fixed and per-layer parts already in)."""
+    res = _residuals(rows, overheads, "tpot", workers, layered)
+    running = rows.apply(requests_per_rank, axis=1).to_numpy(dtype=float)
+    out = {}
+    for engine in sorted(rows.backend.unique()):
+        ok = (rows.backend == engine).to_numpy() & ~np.isnan(res) & ~np.isnan(running)
+        if ok.sum() >= 2:
+            _, slope = median_line(running[ok], res[ok])
+            out[engine] = (max(0.0, slope), int(ok.sum()))
+    return out
 
 
 def prompt_ktokens(row: Mapping[str, Any]) -> float:
@@ -254,13 +284,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    rows = load_rows()
-    rows = rows[rows.id.map(in_fit_half) & (rows.concurrency <= FIT_MAX_CONCURRENCY)]
+    half = load_rows()
+    half = half[half.id.map(in_fit_half)]
+    rows = half[half.concurrency <= FIT_MAX_CONCURRENCY]
+    loaded = half[(half["mode"] == "agg") & (half.concurrency > FIT_MAX_CONCURRENCY)
+                  & (half.concurrency <= FIT_MAX_LOADED_CONCURRENCY)]
     tpot, by_layers = per_layer_steps(rows, args.workers)
     step = {e: v for e, (v, _) in tpot.items()}
-    base: Overheads = {e: ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=v)
-                       for e, v in step.items()}
     layered = {(e, sig): v for e, kinds in by_layers.items() for sig, (v, _) in kinds.items()}
+    per_seq = per_request_steps(
+        loaded, {e: ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=v)
+                 for e, v in step.items()}, args.workers, layered)
+    base: Overheads = {e: ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=v,
+                                          step_overhead_per_seq_ms=per_seq.get(e, (0.0, 0))[0])
+                       for e, v in step.items()}
     agg = api_lines(rows[rows["mode"] == "agg"], base, args.workers, layered)
     api: Overheads = {}
     for e in set(step) | set(agg):
@@ -276,18 +313,23 @@ def main() -> None:
     for e in sorted(set(agg) | set(pd_) | set(step)):
         fit = agg.get(e, NO_API_FIT)
         engines[e] = {**({"step_overhead_ms": 0.0, "step_overhead_per_layer_ms":
-                          round(step[e], 4)} if e in step else {}),
+                          round(step[e], 4), "step_overhead_per_seq_ms":
+                          round(per_seq.get(e, (0.0, 0))[0], 4)} if e in step else {}),
                       "api_overhead_ms": round(fit.fixed_ms, 1),
                       "api_per_ktoken_ms": round(fit.per_ktoken_ms, 2),
                       LAYERS_KEY: layer_entries(by_layers.get(e, {}), fit.by_layers),
                       HARDWARE_KEY: {hw: {"api_overhead_ms": round(v, 1), "rows": n}
                                      for hw, (v, n) in fit.on_hardware.items()},
                       "handoff_ms": round(pd_.get(e, (0.0, 0))[0], 1),
-                      "rows": {"tpot": tpot.get(e, (0, 0))[1], "agg": fit.rows,
+                      "rows": {"tpot": tpot.get(e, (0, 0))[1],
+                               "tpot_loaded": per_seq.get(e, (0.0, 0))[1], "agg": fit.rows,
                                "disagg": pd_.get(e, (0, 0))[1]}}
     doc = {"fitted": str(date.today()), "aiconfigurator_core": version("aiconfigurator-core"),
            "rule": f"step: median of (default + TPOT residual) per decoder layer, per engine "
-                   f"and per layer signature with >= {MIN_SIGNATURE_ROWS} rows; API: "
+                   f"and per layer signature with >= {MIN_SIGNATURE_ROWS} rows; per request of "
+                   f"the busiest rank: Theil-Sen slope of the TPOT residual against it on "
+                   f"aggregated rows at {FIT_MAX_CONCURRENCY} < users <= "
+                   f"{FIT_MAX_LOADED_CONCURRENCY}; API: "
                    f"Theil-Sen line of the TTFT residual in prompt length, the fixed part per "
                    f"hardware with >= {MIN_HARDWARE_ROWS} rows, an offset per layer signature "
                    f"with >= {MIN_SIGNATURE_API_ROWS} rows; fitting half, concurrency <= "

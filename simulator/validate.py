@@ -28,12 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from simulator.calibration.serving import (
-    FIT_MAX_CONCURRENCY,
-    ServingOverhead,
-    fitted_overhead,
-    in_fit_half,
-)
+from simulator.calibration.serving import ServingOverhead, fitted_overhead, used_by_fit
 from simulator.specs.deployment import Deployment, RoleSpec
 from simulator.specs.errors import SpecError
 from simulator.specs.model import load_model
@@ -610,7 +605,8 @@ def validate(rows: pd.DataFrame, predictor: Predictor = default_predictor,
             sink.close()
     df = pd.DataFrame(out, columns=list(RECORD_COLUMNS))
     df["moe"] = df.model.map({m: is_moe_model(m) for m in df.model.unique()})
-    df["fit_row"] = df.id.map(in_fit_half) & (df.concurrency <= FIT_MAX_CONCURRENCY)
+    df["fit_row"] = [used_by_fit(i, m, c)
+                     for i, m, c in zip(df.id, df["mode"], df.concurrency, strict=True)]
     return df
 
 

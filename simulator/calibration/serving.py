@@ -68,6 +68,18 @@ def in_fit_half(row_id: str) -> bool:
     return zlib.crc32(row_id.encode()) % 2 == 0
 
 
+FIT_MAX_LOADED_CONCURRENCY = 512
+"""The per-request step overhead is fitted on the fitting half's aggregated rows above
+FIT_MAX_CONCURRENCY users up to this many (the few rows beyond are mostly KV-bound queues)."""
+
+
+def used_by_fit(row_id: str, mode: str, concurrency: float) -> bool:
+    """Whether the shipped fit read a measured row: the fitting half's rows at up to
+    FIT_MAX_CONCURRENCY users, and its aggregated rows up to FIT_MAX_LOADED_CONCURRENCY."""
+    limit = FIT_MAX_LOADED_CONCURRENCY if mode == "agg" else FIT_MAX_CONCURRENCY
+    return in_fit_half(row_id) and concurrency <= limit
+
+
 HARDWARE_KEY = "hardware"
 """The key of an engine entry's fixed API overheads fitted per hardware preset: the same serving
 stack on different systems' hosts (CPUs, networks) spends different fixed times on a request;
@@ -126,6 +138,8 @@ def serving_overhead(engine: str, disaggregated: bool, hardware: str | None = No
         api_per_ktoken_ms=float(fitted.get("api_per_ktoken_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
         step_overhead_per_layer_ms=float(per_layer) if gpu else 0.0,
+        step_overhead_per_seq_ms=float(fitted.get("step_overhead_per_seq_ms", 0.0))
+        if gpu else 0.0,
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)
 
 

@@ -74,3 +74,32 @@ def test_the_api_offset_per_layer_signature_is_what_its_rows_leave_above_the_fix
     assert entries["mla"] == {"step_overhead_per_layer_ms": 0.02, "rows": 9,
                               "api_offset_ms": 50.0, "api_rows": 3}
     assert entries["gqa+swa_gqa"] == {"api_offset_ms": -50.0, "api_rows": 3}
+
+
+def test_the_step_overhead_per_request_is_the_slope_of_the_loaded_rows_residual(monkeypatch):
+    """A loaded row's TPOT residual grows with the requests its busiest rank runs: the slope
+    (Theil-Sen) is the engine's time per request a step, floored at 0; an intercept the
+    fixed parts left is not taken for it."""
+    import pandas as pd
+
+    rows = pd.DataFrame({"backend": ["vllm"] * 5 + ["sglang"] * 3,
+                         "concurrency": [16, 32, 64, 128, 256, 16, 64, 256]})
+    running = rows.concurrency.astype(float)
+    residuals = np.where(rows.backend == "vllm", 0.5 + 0.02 * running, 3.0 - 0.001 * running)
+    residuals[2] = 90.0  # a stray measurement
+    monkeypatch.setattr(fit, "_residuals", lambda *a, **k: residuals)
+    monkeypatch.setattr(fit, "requests_per_rank", lambda row: float(row.concurrency))
+    got = fit.per_request_steps(rows, {}, workers=1, layered={})
+    assert got["vllm"] == (pytest.approx(0.02), 5)
+    assert got["sglang"] == (0.0, 3)  # a falling line is floored
+
+
+def test_a_dep_row_runs_its_users_over_its_dp_ranks():
+    from simulator.validate import load_rows
+
+    rows = load_rows()
+    dep = rows[rows.id == ("2026_04_06_minimax_m2_5_b200_sxm_vllm_fp8_agg_1024x1024_c64_tp4_ep4_"
+                           "1392")]
+    tp = rows[rows.id == "minimaxm2_5_b200_vllm_fp8_agg_1024x1024_c64_cfg634"]
+    assert fit.requests_per_rank(dep.iloc[0]) == 16.0  # DEP4: 64 users on 4 ranks
+    assert fit.requests_per_rank(tp.iloc[0]) == 64.0

@@ -302,6 +302,26 @@ def test_a_model_s_layers_move_the_fixed_api_overhead_by_their_kind_s_offset(mon
     assert serving_overhead("trtllm", False, "b200", "gqa").api_ms(1000) == 73.0
 
 
+def test_the_shipped_step_overhead_per_request_applies_on_gpus_only(monkeypatch):
+    import simulator.calibration.serving as serving
+
+    table = {"engines": {"vllm": {"step_overhead_ms": 0.0, "step_overhead_per_seq_ms": 0.02}}}
+    monkeypatch.setattr(serving, "_table", lambda: table)
+    assert serving_overhead("vllm", False, "b200").step_overhead_per_seq_ms == 0.02
+    assert serving_overhead("vllm", False, "cpu").step_overhead_per_seq_ms == 0.0
+    assert serving_overhead("sglang", False, "b200").step_overhead_per_seq_ms == 0.0
+
+
+def test_the_fit_reads_the_fitting_half_s_loaded_aggregated_rows_too():
+    from simulator.calibration.serving import in_fit_half, used_by_fit
+
+    row = next(f"row-{i}" for i in range(100) if in_fit_half(f"row-{i}"))
+    other = next(f"row-{i}" for i in range(100) if not in_fit_half(f"row-{i}"))
+    assert used_by_fit(row, "agg", 8) and used_by_fit(row, "agg", 512)
+    assert not used_by_fit(row, "agg", 1024) and not used_by_fit(row, "disagg", 64)
+    assert used_by_fit(row, "disagg", 4) and not used_by_fit(other, "agg", 4)
+
+
 def test_a_cpu_preset_keeps_the_cost_model_s_step_overhead(monkeypatch):
     """The fitted step parts come from GPU systems' rows; the cpu preset keeps the cost
     model's own per-step overhead until its engine is measured."""

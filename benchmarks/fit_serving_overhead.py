@@ -1,6 +1,7 @@
 """Fit the serving stack's fixed latencies (simulator/calibration/serving.py) per engine.
 
-On the measured rows of the fitting half at concurrency <= 8, in three passes: the per-step
+On the measured rows of the fitting half at concurrency <= 8 (and, for the time per request, its
+loaded aggregated rows), in four passes: the per-step
 overhead is a time per decoder layer of the model, the median over all rows of the cost model's
 default plus (measured - simulated) TPOT, divided by the row's layers (per engine, and per
 engine and layer signature, the sorted attention kinds of the model's layers, where that has
@@ -15,7 +16,7 @@ per hardware preset where the engine has at least MIN_HARDWARE_ROWS rows on that
 median residual there at the engine's slope), and an offset to it per layer signature where the
 engine has at least MIN_SIGNATURE_API_ROWS rows of it (the median of what those rows leave
 above their fixed part, either sign); the P/D handoff is the median of that residual
-over P/D rows once all are in. All are floored at 0. Writes
+over P/D rows once all are in. All but the offsets are floored at 0. Writes
 simulator/calibration/data/serving_overhead.json (temp file, then rename).
 
     .venv/bin/python benchmarks/fit_serving_overhead.py [--workers 2]
@@ -292,12 +293,11 @@ def main() -> None:
     tpot, by_layers = per_layer_steps(rows, args.workers)
     step = {e: v for e, (v, _) in tpot.items()}
     layered = {(e, sig): v for e, kinds in by_layers.items() for sig, (v, _) in kinds.items()}
-    per_seq = per_request_steps(
-        loaded, {e: ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=v)
-                 for e, v in step.items()}, args.workers, layered)
-    base: Overheads = {e: ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=v,
-                                          step_overhead_per_seq_ms=per_seq.get(e, (0.0, 0))[0])
+    base: Overheads = {e: ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=v)
                        for e, v in step.items()}
+    per_seq = per_request_steps(loaded, base, args.workers, layered)
+    base = {e: replace(o, step_overhead_per_seq_ms=per_seq.get(e, (0.0, 0))[0])
+            for e, o in base.items()}
     agg = api_lines(rows[rows["mode"] == "agg"], base, args.workers, layered)
     api: Overheads = {}
     for e in set(step) | set(agg):

@@ -102,7 +102,7 @@ that depend on its kind (an MLA layer's, a GQA layer's, a DSA layer's indexer, a
 attention layer's convolution and gates), so the fit keeps one time per layer for each
 signature with enough rows, and the engine's own for the others. An entry may also hold
 `api_offset_ms`: what the TTFT of that signature's models leaves above the engine's fixed API
-overhead (its first step's setup that no table times: MLA's on TensorRT-LLM +61 ms, gpt-oss's
+overhead (its first step's setup that no table times: MLA's on TensorRT-LLM +59 ms, gpt-oss's
 sliding-window layers there -47 ms in the fit of 2026-12-04)."""
 
 

@@ -6,8 +6,8 @@ For the tiny-moe plans on the cpu hardware (vLLM's CPU build from .venv-engine):
    cores but one, which it keeps for the engine core and API server), or --calibration DIR
    reused;
 2. each plan deployed for real with the local backend, once for all its concurrencies;
-3. the serving latencies fitted on their own runs at concurrency 1 and 8 (their own prompts
-   and seed, after a discarded warm-up), never on the runs compared below: each plan's step
+3. the serving latencies fitted on their own runs at concurrency 1 and 8 (their own prompts,
+   after a discarded warm-up), never on the runs compared below: each plan's step
    overhead is what its engines' own mean TPOT (vLLM's /metrics) leaves over the simulated
    TPOT with no overhead (the calibrated kernels alone), a fixed part plus a part per running
    request (kernels.from_run.fit_step); the aggregated plan's API overhead is its measured TTFT
@@ -17,7 +17,10 @@ For the tiny-moe plans on the cpu hardware (vLLM's CPU build from .venv-engine):
 4. per concurrency (closed loop, the same input and output lengths and number of prompts for
    both): the prediction (`rackplan simulate` of OUT/plans/<plan>-c<N>.yaml with
    --calibration DIR reproduces it), then `vllm bench serve` through executor.bench.run_bench,
-   with the engines' /metrics read before and after;
+   with the engines' /metrics read before and after. Every `vllm bench serve` run of the loop
+   sends prompts of its own (seed, seed + 1, ... in the order of the runs): a deployment that
+   serves a prompt again finds half of it in its prefix cache, which the simulated workload
+   does not have (and vLLM's example KV connector fails on such hits at 16 users);
 5. teardown (also on an error or Ctrl-C), then OUT/closed-loop.json and OUT/closed-loop.md:
    predicted vs measured TTFT p50, TPOT p50, ITL p50 and output throughput, the prediction's
    error relative to the measurement, and whether it is within the targets (TPOT and
@@ -29,6 +32,7 @@ For the tiny-moe plans on the cpu hardware (vLLM's CPU build from .venv-engine):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -128,7 +132,8 @@ class Settings:
     """`vllm bench serve` runs per point (and for the fit): their median is the measurement,
     their range its spread."""
     seed: int = 0
-    """Seed of the compared runs; the fit uses seed + 1, the warm-up seed + 2."""
+    """The first run's seed; each later `vllm bench serve` run of the loop takes the next, so
+    that no run repeats the prompts of another (warm-up, fit, compared runs)."""
     probe_s: float = 10.0
     """Seconds of `probe_cores` on each core before the loop and after it (0: none)."""
 
@@ -145,8 +150,9 @@ QUICK = Settings(concurrencies=(1, 4), output_len=16, prompts_per_client=2, min_
 
 # ---- pure parts: workloads, the fit, engine metrics, the report ----------------------------
 
-def workload_dict(s: Settings, concurrency: int, prompts: int, seed: int) -> dict[str, Any]:
-    """The closed-loop workload that both the simulation and `vllm bench serve` get."""
+def workload_dict(s: Settings, concurrency: int, prompts: int, seed: int = 0) -> dict[str, Any]:
+    """The closed-loop workload that both the simulation and `vllm bench serve` get (the
+    seed of its prompts: `ClosedLoop.measure` gives each run its own)."""
     return {"arrival": {"kind": "closed", "concurrency": concurrency}, "requests": prompts,
             "input_tokens": {"kind": "fixed", "value": s.input_len},
             "output_tokens": {"kind": "fixed", "value": s.output_len}, "seed": seed}
@@ -379,13 +385,13 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
              f"- workload: closed loop, input {s['input_len']} tokens, output {s['output_len']} "
              f"tokens, max({s['min_prompts']}, {s['prompts_per_client']} x concurrency) prompts "
              f"per run, {s['repeats']} run(s) per point (median; range in brackets)",
-             "- fitted on their own runs at concurrency {loads} (seed {seed}): aggregated step "
+             "- fitted on their own runs at concurrency {loads}: aggregated step "
              "overhead {step} ms + {per} ms per running request, API overhead {api} ms "
              "({serial} ms of it serial); P/D step overhead {pd_step} ms + {pd_per} ms per "
              "running request, handoff "
              "{handoff}".format(
                  loads=", ".join(map(str, s.get("fit_concurrencies", (1,)))),
-                 seed=s["seed"] + 1, step=_num(fit.get("step_overhead_ms"), ".2f"),
+                 step=_num(fit.get("step_overhead_ms"), ".2f"),
                  per=_num(fit.get("step_overhead_per_seq_ms"), ".3f"),
                  api=_num(fit.get("api_overhead_ms"), ".1f"),
                  serial=_num(fit.get("api_serial_ms"), ".1f"),
@@ -482,6 +488,8 @@ class Loop:
         self.out, self.calibration, self.settings, self.model = out, calibration, settings, model
         self.fit: dict[str, Any] = {}
         self.points: list[Point] = []
+        self._seeds = itertools.count(settings.seed)
+        """The next bench run's seed: no two runs send the same prompts."""
 
     def simulate(self, deployment: Deployment, workload: Workload,
                  overhead: ServingOverhead | None = None) -> dict[str, Any]:
@@ -504,8 +512,11 @@ class Loop:
     def measure(self, backend: LocalBackend, name: str, deployment: Deployment,
                 workload: dict[str, Any], predicted: dict[str, Any] | None = None,
                 repeats: int = 1) -> Measured:
-        """`repeats` runs of `vllm bench serve` with `workload`, the engines' /metrics read
-        before the first and after the last."""
+        """`repeats` runs of `vllm bench serve` with `workload`, each with prompts of its own
+        (the next seeds; the plan file records the first), the engines' /metrics read before
+        the first and after the last."""
+        seeds = [next(self._seeds) for _ in range(repeats)]
+        workload = {**workload, "seed": seeds[0]}
         if predicted is None:
             predicted = self.simulate(deployment, load_workload(workload))
         plan = self.plan_file(name, deployment, workload, predicted)
@@ -516,7 +527,7 @@ class Loop:
         for i in range(repeats):
             run_dir = self.out / "runs" / name / f"run{i + 1}"
             run_bench(plan, backend.url, run_dir, model=self.model, tokenizer=self.model,
-                      timeout_s=BENCH_TIMEOUT_S, detailed=True)
+                      timeout_s=BENCH_TIMEOUT_S, detailed=True, seed=seeds[i])
             results.append(json.loads((run_dir / RESULT_FILE).read_text()))
         after, load1 = read_metrics(urls), os.getloadavg()[0]
         engines = {k: engine_figures(before[k], after[k]) for k in urls}
@@ -552,11 +563,10 @@ class Loop:
         s = self.settings
         top = max(s.fit_concurrencies)  # every batch size the fit will see, once
         self.measure(backend, f"{role}-warmup", deployment,
-                     workload_dict(s, top, max(s.warmup_prompts, 2 * top), s.seed + 2))
+                     workload_dict(s, top, max(s.warmup_prompts, 2 * top)))
         runs: list[FitRun] = []
         for c in s.fit_concurrencies:
-            fit_load = workload_dict(s, c, max(s.fit_prompts, s.fit_per_client * c),
-                                     s.seed + 1)
+            fit_load = workload_dict(s, c, max(s.fit_prompts, s.fit_per_client * c))
             name = f"{role}-fit" if c == s.fit_concurrencies[0] else f"{role}-fit-c{c}"
             got = self.measure(backend, name, deployment, fit_load, repeats=s.repeats)
             ttft = combine(got.results)[0]["ttft_ms"]
@@ -609,7 +619,7 @@ class Loop:
         """Predict, then measure, every concurrency with the same workload."""
         s = self.settings
         for c in s.concurrencies:
-            w = workload_dict(s, c, s.prompts(c), s.seed)
+            w = workload_dict(s, c, s.prompts(c))
             sim_metrics = self.simulate(deployment, load_workload(w))
             got = self.measure(backend, f"{role}-c{c}", deployment, w, sim_metrics, s.repeats)
             measured, spread = combine(got.results)
@@ -633,7 +643,7 @@ class Loop:
         c = s.decode_concurrency
         for context in s.decode_contexts:
             name = f"decode-only-ctx{context}"
-            w = workload_dict(s, c, s.prompts(c), s.seed)
+            w = workload_dict(s, c, s.prompts(c), next(self._seeds))
             plan = self.plan_file(name, deployment, w, {})
             with calibration_dir(self.calibration):
                 report = bench_points(plan, self.out / "decode-only" / name, [c],

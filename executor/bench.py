@@ -324,16 +324,20 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
               vllm: str | Path | None = None, model: str | None = None,
               tokenizer: str | None = None, num_prompts: int | None = None,
               timeout_s: float | None = None, detailed: bool = False,
-              repredict: bool = False) -> Report:
+              repredict: bool = False, seed: int | None = None) -> Report:
     """Run `vllm bench serve` against `url` with the plan's workload, compare with the plan's
     prediction, and write report.json and report.md (and bench.json, logs/bench.log) into
     `run_dir`. `detailed`: bench.json also holds every request's TTFT and inter-token gaps
     (--save-detailed). `repredict`: simulate the plan now instead of reading its prediction
-    (see `load_prediction`). SpecError for a workload that cannot be benchmarked, BenchError
-    when the benchmark fails."""
+    (see `load_prediction`). `seed`: the prompts' seed instead of the workload's (runs that
+    repeat a workload against one deployment each take their own: an engine's prefix cache
+    holds the prompts it has seen, which a repeated seed sends again). SpecError for a
+    workload that cannot be benchmarked, BenchError when the benchmark fails."""
     plan_path, run_dir = Path(plan_path), Path(run_dir)
     deployment, workload, predicted = load_prediction(plan_path, repredict)
     settings = bench_settings(workload, num_prompts)
+    if seed is not None:
+        settings = replace(settings, seed=seed)
     url = url.rstrip("/")
     model = model or served_model(url)
     exe = Path(vllm) if vllm is not None else default_vllm()

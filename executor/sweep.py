@@ -2,7 +2,9 @@
 
 `bench_points` runs `vllm bench serve` once per load (a closed loop's users, or an open loop's
 requests/s, in the unit of the plan's workload) and predicts each point with the simulator at
-the same load (planner/load.py `at_load`, what the planner's sweep simulates). In serve mode it
+the same load (planner/load.py `at_load`, what the planner's sweep simulates). Each load sends
+prompts of its own (the workload's seed plus the load's index): an engine serving a prompt
+again would find it in its prefix cache. In serve mode it
 measures the deployment at `url`; in an isolated mode (executor/isolated.py) it deploys the role
 alone on this machine, benches it at each concurrency and tears it down. Each point is a
 `Report` (the comparison rows, report.json and report.md in run_dir/<load>/); `SweepReport`
@@ -165,8 +167,8 @@ def _serve_points(plan_path: Path, run_dir: Path, loads: Sequence[float], url: s
     model = served_model(url)
     cores = local_client_cores(deployment, url)
     points = []
-    for load in loads:
-        traffic = at_load(workload, load)
+    for i, load in enumerate(loads):
+        traffic = own_prompts(at_load(workload, load), i)
         predicted = simulate(deployment, traffic, calibration=calibration_for(deployment),
                              options=sim_options(deployment)).metrics()
         points.append(_point(plan_path, run_dir, load, traffic, predicted, url, model, exe,
@@ -187,8 +189,8 @@ def _alone_points(plan_path: Path, run_dir: Path, loads: Sequence[float], mode_n
     if any(load != int(load) for load in loads):
         raise SpecError(f"--mode {mode_name} runs closed loops: its loads are whole numbers of "
                         f"users, not {', '.join(f'{x:g}' for x in loads)}")
-    alone = [predict_alone(deployment, workload, mode, context, int(c), num_prompts)
-             for c in loads]
+    alone = [predict_alone(deployment, own_prompts(workload, i), mode, context, int(c),
+                           num_prompts) for i, c in enumerate(loads)]
     longest = context + max(_longest(a.workload) for a in alone) + 1
     backend = launch_alone(alone[0], model, run_dir / "deploy", base_port=base_port,
                            vllm=exe, ready_timeout_s=ready_timeout_s, room=longest)
@@ -207,6 +209,14 @@ def _alone_points(plan_path: Path, run_dir: Path, loads: Sequence[float], mode_n
         backend.teardown()
     return _write_sweep(SweepReport(str(plan_path), mode_name, tuple(loads), tuple(points)),
                         run_dir)
+
+
+def own_prompts(workload: Workload, index: int) -> Workload:
+    """The workload of a sweep's `index`-th load, with prompts of its own (seed + index): the
+    loads run one after another on one deployment, whose prefix cache holds the prompts an
+    earlier load sent, which the prediction of this load does not count as hits."""
+    return workload if index == 0 else workload.model_copy(
+        update={"seed": workload.seed + index})
 
 
 def _longest(workload: Workload) -> int:

@@ -199,5 +199,8 @@ def test_quick_loop_against_the_real_engine(tmp_path):
     got = json.loads(sim.stdout)
     assert got["ttft_ms"]["p50"] == pytest.approx(report["points"][1]["predicted"]["ttft_ms"])
     assert got["tpot_ms"]["p50"] == pytest.approx(report["points"][1]["predicted"]["tpot_ms"])
+    runs = sorted((out / "runs").glob("*/run*/report.json"))
+    seeds = {json.loads(f.read_text())["settings"]["seed"] for f in runs}
+    assert len(runs) == 4 and len(seeds) == 4  # no run repeats another's prompts
     pids = json.loads((out / "deploy" / "aggregated" / "pids.json").read_text())
     assert pids and not [r for r in pids if group_members(r["pgid"])]

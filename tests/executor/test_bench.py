@@ -139,6 +139,16 @@ def test_detailed_asks_for_every_requests_timings(tmp_path):
     assert "--save-detailed" in (run_dir / "logs" / "bench.log").read_text()
 
 
+def test_a_repeated_run_sends_prompts_of_its_own(tmp_path):
+    """A seed of its own: the deployment's prefix cache holds the prompts it served before."""
+    run_dir = tmp_path / "run"
+    run_bench(TINY_PD, "http://127.0.0.1:9", run_dir, vllm=fake_vllm(tmp_path), model="m")
+    assert "--seed 0 " in (run_dir / "logs" / "bench.log").read_text()
+    run_bench(TINY_PD, "http://127.0.0.1:9", run_dir, vllm=fake_vllm(tmp_path), model="m",
+              seed=7)
+    assert "--seed 7 " in (run_dir / "logs" / "bench.log").read_text()
+
+
 def test_run_bench_simulates_a_plan_without_prediction(tmp_path):
     plan = yaml.safe_load(TINY_PD.read_text())
     del plan["predicted"]

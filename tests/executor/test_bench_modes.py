@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from executor.isolated import (
     with_context_room,
     workload_alone,
 )
-from executor.sweep import parse_loads
+from executor.sweep import own_prompts, parse_loads
 from simulator.specs.errors import SpecError
 from simulator.specs.workload import Workload
 from tests.executor.fake_vllm import BENCH_RESULT
@@ -62,6 +63,13 @@ def test_the_bench_traffic_is_a_closed_loop_at_the_context():
     assert w.input_tokens.value == 1000  # type: ignore[union-attr]
     p = workload_alone(Workload(), MODES["prefill_only"], 300, 1, 5)
     assert (p.mode, p.requests, p.output_tokens.value) == ("prefill_only", 5, 1)  # type: ignore
+
+
+def test_each_load_of_a_sweep_has_prompts_of_its_own():
+    w = Workload(seed=3)
+    assert own_prompts(w, 0) is w
+    assert [own_prompts(w, i).seed for i in (1, 2)] == [4, 5]
+    assert own_prompts(w, 2).model_dump() == {**w.model_dump(), "seed": 5}
 
 
 def test_the_context_limit_makes_room_for_the_asked_context():
@@ -104,6 +112,9 @@ def test_a_decode_only_sweep_deploys_the_role_benches_each_load_and_tears_down(t
     assert metrics == list(MODES["decode_only"].metrics)
     log = (out / "load-2" / "logs" / "bench.log").read_text()
     assert "--random-input-len 300" in log and "--max-concurrency 2" in log
+    seeds = [re.search(r"--seed (\d+)", (out / f"load-{n}" / "logs" / "bench.log").read_text())
+             for n in (1, 2)]
+    assert [int(m[1]) for m in seeds if m] == [0, 1]  # each load sends prompts of its own
     serve_log = (out / "deploy" / "logs" / "decode-0-h0.log").read_text()
     assert "fake vllm serving /models/tiny-moe" in serve_log
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"

@@ -87,12 +87,17 @@ def test_local_cpu_instances_get_their_own_cores():
     odd = bind_cores(rendered, [0, 2, 4, 6])
     assert [p.env[CPU_BIND_ENV] for p in odd.processes] == ["0,2", "4,6"]
     assert CPU_BIND_ENV in render_local(plan_deployment(TINY_PD)).processes[0].env
+    one = render_local(plan_deployment(TINY_AGG))  # one engine: the first core left free
+    assert [p.env[CPU_BIND_ENV] for p in bind_cores(one, [0, 1]).processes] == ["1"]
+    assert [p.env[CPU_BIND_ENV] for p in bind_cores(one, [0, 1, 2, 3]).processes] == ["1-3"]
+    assert bind_cores(one, [5]) == one  # a single core: nothing to leave free
 
 
 def test_a_pinned_engine_is_pinned_whole_and_the_client_stays_off_the_decode_core(tmp_path):
     """vLLM's CPU worker busy-polls for a second after each step, so each engine (API server,
     engine core and worker) runs on its own cores, and the router and benchmark client beside
-    the prefill engine, not on the decode engine's core."""
+    the prefill engine, not on the decode engine's core; beside a single engine, on the core
+    it leaves free."""
     import os
     import subprocess
     import sys
@@ -126,7 +131,10 @@ def test_a_pinned_engine_is_pinned_whole_and_the_client_stays_off_the_decode_cor
     here = sorted(os.sched_getaffinity(0))
     assert local_client_cores(pd, "http://127.0.0.1:8099") == (here[0],)
     assert local_client_cores(pd, "http://10.0.0.5:8099") is None  # not this machine's
-    assert local_client_cores(agg, "http://127.0.0.1:8099") is None  # one engine: not pinned
+    if len(here) > 1:  # one engine on the other cores, the router and client on the first
+        assert local_client_cores(agg, "http://127.0.0.1:8099") == (here[0],)
+        (engine,) = render_local(agg).processes
+        assert bound_cores(engine.env) == tuple(here[1:])
 
     before = os.sched_getaffinity(0)
     with pinned((here[-1],)):

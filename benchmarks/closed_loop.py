@@ -15,9 +15,11 @@ For the tiny-moe plans on the cpu hardware (vLLM's CPU build from .venv-engine):
    the same residual with that API overhead. They go to DIR/serving_overhead.json (the P/D
    plan's to its `disaggregated` part), where `rackplan simulate --calibration DIR` finds them;
 4. per concurrency (closed loop, the same input and output lengths and number of prompts for
-   both): the prediction (`rackplan simulate` of OUT/plans/<plan>-c<N>.yaml with
-   --calibration DIR reproduces it), then `vllm bench serve` through executor.bench.run_bench,
-   with the engines' /metrics read before and after. Every `vllm bench serve` run of the loop
+   both): `vllm bench serve` through executor.bench.run_bench, with the engines' /metrics read
+   before and after each run, and the prediction with the fitted latencies (`rackplan
+   simulate` of OUT/plans/<plan>-c<N>.yaml with --calibration DIR reproduces it). The runs go
+   in rounds, one run of each fitting load and each compared concurrency per round, so that
+   the machine's swings in speed fall alike on the fit and on what it predicts. Every run
    sends prompts of its own (seed, seed + 1, ... in the order of the runs): a deployment that
    serves a prompt again finds half of it in its prefix cache, which the simulated workload
    does not have (and vLLM's example KV connector fails on such hits at 16 users);
@@ -462,6 +464,15 @@ def calibrate(out: Path, quick: bool, threads: int) -> dict[str, Any]:
     return run("cpu", "tiny-moe", quick, out, threads=threads)
 
 
+def _add_reads(total: dict[str, dict[str, float]], reads: Mapping[str, Mapping[str, float]]
+               ) -> None:
+    """Add one read of every instance's /metrics into `total` (series by series)."""
+    for instance, series in reads.items():
+        mine = total.setdefault(instance, {})
+        for key, value in series.items():
+            mine[key] = mine.get(key, 0.0) + value
+
+
 def read_metrics(urls: Mapping[str, str]) -> dict[str, dict[str, float]]:
     """Every instance's ENGINE_SERIES from its /metrics."""
     out = {}
@@ -490,6 +501,13 @@ class Loop:
         self.points: list[Point] = []
         self._seeds = itertools.count(settings.seed)
         """The next bench run's seed: no two runs send the same prompts."""
+        self.first_seeds: dict[str, int] = {}
+        """Each measured workload's first seed (its plan file's)."""
+
+    def fit_name(self, role: str, concurrency: int) -> str:
+        """The fitting runs' name at a load: `<role>-fit` at the first, `-fit-c<N>` after."""
+        first = self.settings.fit_concurrencies[0]
+        return f"{role}-fit" if concurrency == first else f"{role}-fit-c{concurrency}"
 
     def simulate(self, deployment: Deployment, workload: Workload,
                  overhead: ServingOverhead | None = None) -> dict[str, Any]:
@@ -509,29 +527,43 @@ class Loop:
                           f"# {name}: written by benchmarks/closed_loop.py\n"
                           + yaml.safe_dump(doc, sort_keys=False))
 
-    def measure(self, backend: LocalBackend, name: str, deployment: Deployment,
-                workload: dict[str, Any], predicted: dict[str, Any] | None = None,
-                repeats: int = 1) -> Measured:
-        """`repeats` runs of `vllm bench serve` with `workload`, each with prompts of its own
-        (the next seeds; the plan file records the first), the engines' /metrics read before
-        the first and after the last."""
-        seeds = [next(self._seeds) for _ in range(repeats)]
-        workload = {**workload, "seed": seeds[0]}
-        if predicted is None:
-            predicted = self.simulate(deployment, load_workload(workload))
-        plan = self.plan_file(name, deployment, workload, predicted)
+    def measure(self, backend: LocalBackend, deployment: Deployment,
+                jobs: Mapping[str, dict[str, Any]], repeats: int = 1) -> dict[str, Measured]:
+        """`repeats` rounds of `vllm bench serve` runs, one run of each named workload of
+        `jobs` per round, in order, so that the machine's swings in speed fall alike on every
+        workload (the fitting runs and the compared ones); each run with prompts of its own
+        (the next seed; a workload's plan file records its first, with the prediction of the
+        calibration folder's latencies at that time) and the engines' /metrics read around it.
+        Per workload: its runs' JSON, the engines' figures over its runs (their counters'
+        differences summed), the load average before its first run and after its last."""
         urls = {p.instance: f"http://127.0.0.1:{p.port}" for p in backend.rendered.processes
                 if p.port is not None}
-        before, load0 = read_metrics(urls), os.getloadavg()[0]
-        results = []
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in jobs}
+        before: dict[str, dict[str, dict[str, float]]] = {name: {} for name in jobs}
+        after: dict[str, dict[str, dict[str, float]]] = {name: {} for name in jobs}
+        loads: dict[str, list[float]] = {name: [] for name in jobs}
+        plans: dict[str, Path] = {}
         for i in range(repeats):
-            run_dir = self.out / "runs" / name / f"run{i + 1}"
-            run_bench(plan, backend.url, run_dir, model=self.model, tokenizer=self.model,
-                      timeout_s=BENCH_TIMEOUT_S, detailed=True, seed=seeds[i])
-            results.append(json.loads((run_dir / RESULT_FILE).read_text()))
-        after, load1 = read_metrics(urls), os.getloadavg()[0]
-        engines = {k: engine_figures(before[k], after[k]) for k in urls}
-        return Measured(results, engines, (load0, load1))
+            for name, workload in jobs.items():
+                seed = next(self._seeds)
+                if name not in plans:
+                    first = {**workload, "seed": seed}
+                    plans[name] = self.plan_file(name, deployment, first, self.simulate(
+                        deployment, load_workload(first)))
+                    self.first_seeds[name] = seed
+                run_dir = self.out / "runs" / name / f"run{i + 1}"
+                b, load0 = read_metrics(urls), os.getloadavg()[0]
+                run_bench(plans[name], backend.url, run_dir, model=self.model,
+                          tokenizer=self.model, timeout_s=BENCH_TIMEOUT_S, detailed=True,
+                          seed=seed)
+                a, load1 = read_metrics(urls), os.getloadavg()[0]
+                results[name].append(json.loads((run_dir / RESULT_FILE).read_text()))
+                _add_reads(before[name], b)
+                _add_reads(after[name], a)
+                loads[name] = [loads[name][0] if loads[name] else load0, load1]
+        return {name: Measured(results[name], {k: engine_figures(before[name][k],
+                                                                 after[name][k]) for k in urls},
+                               (loads[name][0], loads[name][1])) for name in jobs}
 
     def run_plan(self, role: str, deployment: Deployment) -> None:
         """Deploy one plan, warm it up, fit what it fits, measure every concurrency, tear
@@ -544,8 +576,18 @@ class Loop:
             backend.launch()
             backend.wait_ready(READY_TIMEOUT_S)
             say(f"{role}: ready in {time.monotonic() - started:.0f} s at {backend.url}")
-            self.fit_on(backend, role, deployment)
-            self.compare_on(backend, role, deployment)
+            s = self.settings
+            top = max(s.fit_concurrencies)  # every batch size the fit will see, once
+            self.measure(backend, deployment, {f"{role}-warmup": workload_dict(
+                s, top, max(s.warmup_prompts, 2 * top))})
+            fits = {self.fit_name(role, c): workload_dict(s, c, max(s.fit_prompts,
+                                                               s.fit_per_client * c))
+                    for c in s.fit_concurrencies}
+            points = {f"{role}-c{c}": workload_dict(s, c, s.prompts(c))
+                      for c in s.concurrencies}
+            got = self.measure(backend, deployment, {**fits, **points}, s.repeats)
+            self.fit_on(role, deployment, fits, got)
+            self.compare_on(role, deployment, points, got)
         finally:
             backend.teardown()
             left = backend.alive()
@@ -553,30 +595,29 @@ class Loop:
                 say(f"{role}: processes still alive after teardown: "
                     f"{', '.join(str(r.pid) for r in left)}")
 
-    def fit_on(self, backend: LocalBackend, role: str, deployment: Deployment) -> None:
-        """After a discarded warm-up, the fitting runs at each of `fit_concurrencies` (their
-        own seed): each plan fits its own step overhead (fixed and per running request: on
-        this host the P/D decode engine's API server shares its core) from the engines' mean
-        TPOT, the aggregated plan the API overhead from the first load's TTFT, the P/D plan
-        the handoff with that API overhead. Written to the calibration folder's
-        serving_overhead.json (the P/D plan's to its `disaggregated` part)."""
+    def fit_on(self, role: str, deployment: Deployment, fits: Mapping[str, dict[str, Any]],
+               got: Mapping[str, Measured]) -> None:
+        """From the fitting runs at each of `fit_concurrencies` (`fits`, measured in `got`
+        after a discarded warm-up, never compared): each plan fits its own step overhead
+        (fixed and per running request: on this host the P/D decode engine's API server
+        shares its core) from the engines' mean TPOT, the aggregated plan the API overhead
+        from the first load's TTFT, the P/D plan the handoff with that API overhead. Written
+        to the calibration folder's serving_overhead.json (the P/D plan's to its
+        `disaggregated` part)."""
         s = self.settings
-        top = max(s.fit_concurrencies)  # every batch size the fit will see, once
-        self.measure(backend, f"{role}-warmup", deployment,
-                     workload_dict(s, top, max(s.warmup_prompts, 2 * top)))
         runs: list[FitRun] = []
         for c in s.fit_concurrencies:
-            fit_load = workload_dict(s, c, max(s.fit_prompts, s.fit_per_client * c))
-            name = f"{role}-fit" if c == s.fit_concurrencies[0] else f"{role}-fit-c{c}"
-            got = self.measure(backend, name, deployment, fit_load, repeats=s.repeats)
-            ttft = combine(got.results)[0]["ttft_ms"]
+            name = self.fit_name(role, c)
+            fit_load, measured = fits[name], got[name]
+            ttft = combine(measured.results)[0]["ttft_ms"]
             if ttft is None:
                 raise RuntimeError(f"the {role} fitting runs at concurrency {c} measured no "
                                    "TTFT")
             if not runs:
-                self.fit[f"{role}_streamed"] = streamed_share(got.results)
+                self.fit[f"{role}_streamed"] = streamed_share(measured.results)
             self.fit[f"{role}_ttft_p50_ms_c{c}"] = ttft
-            tpot = engine_view(Point(role, c, 0, {}, {}, engine=got.engines))["tpot_mean_ms"]
+            tpot = engine_view(Point(role, c, 0, {}, {}, engine=measured.engines))[
+                "tpot_mean_ms"]
             if tpot is None:
                 raise RuntimeError(f"the {role} fitting runs at concurrency {c} left no engine "
                                    "TPOT in vLLM's /metrics")
@@ -615,18 +656,22 @@ class Loop:
             return self.simulate(deployment, workload, overhead)
         return sim
 
-    def compare_on(self, backend: LocalBackend, role: str, deployment: Deployment) -> None:
-        """Predict, then measure, every concurrency with the same workload."""
+    def compare_on(self, role: str, deployment: Deployment, points: Mapping[str, dict[str, Any]],
+                   got: Mapping[str, Measured]) -> None:
+        """Every concurrency's prediction with the fitted latencies (its plan file rewritten
+        with it) beside its runs in `got`, measured with the same workload."""
         s = self.settings
         for c in s.concurrencies:
-            w = workload_dict(s, c, s.prompts(c))
+            name = f"{role}-c{c}"
+            w = {**points[name], "seed": self.first_seeds[name]}
             sim_metrics = self.simulate(deployment, load_workload(w))
-            got = self.measure(backend, f"{role}-c{c}", deployment, w, sim_metrics, s.repeats)
-            measured, spread = combine(got.results)
+            self.plan_file(name, deployment, w, sim_metrics)
+            runs = got[name]
+            measured, spread = combine(runs.results)
             point = Point(role, c, s.prompts(c),
                           predicted_metrics(sim_metrics, deployment.gpus_used), measured,
-                          spread, len(got.results), streamed_share(got.results), got.engines,
-                          got.load)
+                          spread, len(runs.results), streamed_share(runs.results), runs.engines,
+                          runs.load)
             self.points.append(point)
             say(f"{role} c={c}: " + ", ".join(
                 f"{m} {_num(point.predicted[m])}/{_num(point.measured[m])}" for m in METRICS)

@@ -94,6 +94,23 @@ def test_engine_figures_are_the_means_between_two_reads():
     assert got["prefill_mean_ms"] is None and got["itl_mean_ms"] is None
 
 
+def test_the_runs_of_a_workload_add_up_across_rounds():
+    """Runs of one workload interleaved with others: their reads summed give the figures of
+    those runs together, not of what ran between them."""
+    names = cl.ENGINE_SERIES.values()
+    before, after = cl.parse_prometheus(PROM_BEFORE, names), cl.parse_prometheus(PROM_AFTER,
+                                                                                  names)
+    later = {k: v + 1000.0 for k, v in after.items()}  # a second run after other workloads
+    total_before: dict = {}
+    total_after: dict = {}
+    for b, a in ((before, after), ({k: v + 900.0 for k, v in after.items()}, later)):
+        cl._add_reads(total_before, {"e": b})
+        cl._add_reads(total_after, {"e": a})
+    got = cl.engine_figures(total_before["e"], total_after["e"])
+    one = cl.engine_figures(before, after)
+    assert got["steps"] == one["steps"] + 100 and got["requests"] == one["requests"] + 100
+
+
 def test_points_score_errors_against_the_measurement_and_the_targets():
     p = cl.Point("aggregated", 4, 16,
                  predicted={"ttft_ms": 11.5, "tpot_ms": 2.3, "itl_ms": 2.0, "output_tok_s": 90.0},

@@ -7,13 +7,14 @@ For the tiny-moe plans on the cpu hardware (vLLM's CPU build from .venv-engine):
    reused;
 2. each plan deployed for real with the local backend, once for all its concurrencies;
 3. the serving latencies fitted on their own runs at concurrency 1 and 8 (their own prompts,
-   after a discarded warm-up), never on the runs compared below: each plan's step
-   overhead is what its engines' own mean TPOT (vLLM's /metrics) leaves over the simulated
-   TPOT with no overhead (the calibrated kernels alone), a fixed part plus a part per running
-   request (kernels.from_run.fit_step); the aggregated plan's API overhead is its measured TTFT
-   p50 at concurrency 1 minus the simulated one; on the 1P+1D plan (--pd) the P/D handoff is
-   the same residual with that API overhead. They go to DIR/serving_overhead.json (the P/D
-   plan's to its `disaggregated` part), where `rackplan simulate --calibration DIR` finds them;
+   after a discarded warm-up), never on the runs compared below: each plan's step overhead
+   is what its engines' own mean TPOT (vLLM's /metrics, the median over the runs) leaves over
+   the simulated TPOT with no overhead (the calibrated kernels alone), a fixed part plus a
+   part per running request (kernels.from_run.fit_step); the aggregated plan's API overhead
+   is its measured TTFT p50 at concurrency 1 minus the simulated one; on the 1P+1D plan
+   (--pd) the P/D handoff is the same residual with that API overhead. They go to
+   DIR/serving_overhead.json (the P/D plan's to its `disaggregated` part), where `rackplan
+   simulate --calibration DIR` finds them;
 4. per concurrency (closed loop, the same input and output lengths and number of prompts for
    both): `vllm bench serve` through executor.bench.run_bench, with the engines' /metrics read
    before and after each run, and the prediction with the fitted latencies (`rackplan
@@ -490,6 +491,20 @@ class Measured:
     results: list[dict[str, Any]]
     engines: dict[str, dict[str, Any]]
     load: tuple[float, float]
+    per_run: tuple[dict[str, dict[str, Any]], ...] = ()
+    """The engines' figures of each run alone."""
+
+    def engine_tpot_ms(self) -> float | None:
+        """The decoding engine's mean TPOT, the median over the runs (each run's mean from
+        its own counters): one slow run (the first at a batch size, say) moves it less than it
+        moves the mean over all of them."""
+        got = sorted(t for e in self.per_run
+                     if (t := engine_view(Point("", 0, 0, {}, {}, engine=e))["tpot_mean_ms"])
+                     is not None)
+        if not got:
+            return None
+        mid = len(got) // 2
+        return got[mid] if len(got) % 2 else (got[mid - 1] + got[mid]) / 2
 
 
 class Loop:
@@ -542,6 +557,7 @@ class Loop:
         before: dict[str, dict[str, dict[str, float]]] = {name: {} for name in jobs}
         after: dict[str, dict[str, dict[str, float]]] = {name: {} for name in jobs}
         loads: dict[str, list[float]] = {name: [] for name in jobs}
+        per_run: dict[str, list[dict[str, dict[str, Any]]]] = {name: [] for name in jobs}
         plans: dict[str, Path] = {}
         for i in range(repeats):
             for name, workload in jobs.items():
@@ -560,10 +576,12 @@ class Loop:
                 results[name].append(json.loads((run_dir / RESULT_FILE).read_text()))
                 _add_reads(before[name], b)
                 _add_reads(after[name], a)
+                per_run[name].append({k: engine_figures(b[k], a[k]) for k in urls})
                 loads[name] = [loads[name][0] if loads[name] else load0, load1]
         return {name: Measured(results[name], {k: engine_figures(before[name][k],
                                                                  after[name][k]) for k in urls},
-                               (loads[name][0], loads[name][1])) for name in jobs}
+                               (loads[name][0], loads[name][1]), tuple(per_run[name]))
+                for name in jobs}
 
     def run_plan(self, role: str, deployment: Deployment) -> None:
         """Deploy one plan, warm it up, fit what it fits, measure every concurrency, tear
@@ -616,8 +634,7 @@ class Loop:
             if not runs:
                 self.fit[f"{role}_streamed"] = streamed_share(measured.results)
             self.fit[f"{role}_ttft_p50_ms_c{c}"] = ttft
-            tpot = engine_view(Point(role, c, 0, {}, {}, engine=measured.engines))[
-                "tpot_mean_ms"]
+            tpot = measured.engine_tpot_ms()
             if tpot is None:
                 raise RuntimeError(f"the {role} fitting runs at concurrency {c} left no engine "
                                    "TPOT in vLLM's /metrics")
@@ -628,10 +645,10 @@ class Loop:
         about = {"fitted": datetime.now(UTC).date().isoformat(),
                  "command": "benchmarks/closed_loop.py",
                  "rule": f"runs of their own at concurrency {loads}: "
-                         "engine mean TPOT - simulated kernels = fixed + per request x requests "
-                         "a step runs; api = TTFT p50 - simulated (aggregated, first load), its "
-                         "serial part from the TTFT p50 at the other; handoff = P/D TTFT p50 - "
-                         "simulated"}
+                         "engine mean TPOT (median of the runs) - simulated kernels = fixed + "
+                         "per request x requests a step runs; api = TTFT p50 - simulated "
+                         "(aggregated, first load), its serial part from the TTFT p50 at the "
+                         "other; handoff = P/D TTFT p50 - simulated"}
         if role == "aggregated":
             fitted, latencies = fit_serving(runs, False)
             self.fit.update(fitted, ttft_p50_ms=ttft)

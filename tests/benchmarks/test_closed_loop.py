@@ -111,6 +111,16 @@ def test_the_runs_of_a_workload_add_up_across_rounds():
     assert got["steps"] == one["steps"] + 100 and got["requests"] == one["requests"] + 100
 
 
+def test_the_fit_reads_the_median_run_of_the_decoding_engine():
+    def run(tpot_ms):
+        return {"prefill-0": {"tpot_mean_ms": None}, "decode-0": {"tpot_mean_ms": tpot_ms}}
+
+    slow_first = cl.Measured([], {}, (0.0, 0.0), (run(5.4), run(3.5), run(3.6)))
+    assert slow_first.engine_tpot_ms() == 3.6
+    assert cl.Measured([], {}, (0.0, 0.0), (run(2.0), run(3.0))).engine_tpot_ms() == 2.5
+    assert cl.Measured([], {}, (0.0, 0.0), (run(None),)).engine_tpot_ms() is None
+
+
 def test_points_score_errors_against_the_measurement_and_the_targets():
     p = cl.Point("aggregated", 4, 16,
                  predicted={"ttft_ms": 11.5, "tpot_ms": 2.3, "itl_ms": 2.0, "output_tok_s": 90.0},

@@ -56,7 +56,9 @@ class ServingOverhead:
     """Per engine step and request its busiest rank runs (measured on one's own engine)."""
     api_serial_ms: float = 0.0
     """The part of the API overhead the instance's API server spends on each request one at a
-    time (measured on one's own engine; 0: a pure delay)."""
+    time (measured on one's own engine; 0: a pure delay). A P/D request spends it at the
+    prefill instance's API server and again at the decode instance's, which takes the request
+    in anew from the proxy."""
 
     def api_ms(self, computed_tokens: float) -> float:
         """Arrival to scheduler for a prompt of which `computed_tokens` are not cached."""

@@ -440,10 +440,14 @@ class _Run:
         self.env.timeout(done - now).callbacks.append(lambda _: then())
 
     def prefilled(self, engine: PrefillEngine, rank: int, rid: int) -> None:
+        """A prompt is computed: the request goes on to a decode instance, through that
+        instance's API server (its serial part, as at the prefill instance's: the proxy sends
+        the request to the decode engine's own API server, which takes it in anew)."""
         decode = self._pick("decode")
         assert isinstance(decode, DecodeEngine)
         self._source[rid] = (engine, rank)
-        decode.take(rid, float(self.table.input_len[rid]))
+        take = decode.take
+        self._api_serial(decode, lambda: take(rid, float(self.table.input_len[rid])))
 
     def admitted(self, engine: DecodeEngine, rank: int, slot: int, rid: int) -> None:
         source = self._source.pop(rid, None)

@@ -195,6 +195,26 @@ def test_requests_arriving_together_wait_for_each_other_at_the_api_server():
     assert queued[-1] - queued[0] == pytest.approx(3 * 8.0, abs=3.0)
 
 
+def test_a_pd_request_passes_the_decode_instances_api_server_too():
+    """The proxy sends a prefilled request on to the decode engine's own API server, which
+    takes it in anew: its serial part is paid there as well (a lone user pays the overhead's
+    pure delay once and its serial part at both servers)."""
+    from simulator.des import SimOptions, simulate
+    from simulator.specs.loading import load_workload
+
+    dep = load_deployment(PD)
+    w = load_workload({"arrival": {"kind": "closed", "concurrency": 1}, "requests": 2,
+                       "input_tokens": {"kind": "fixed", "value": 64},
+                       "output_tokens": {"kind": "fixed", "value": 4}})
+
+    def ttft(serial: float) -> float:
+        res = simulate(dep, w, options=SimOptions(api_overhead_ms=8.0, api_serial_ms=serial))
+        return float(res.ttft_s[0]) * 1e3
+
+    assert ttft(8.0) - ttft(0.0) == pytest.approx(8.0, abs=0.01)
+    assert ttft(3.0) - ttft(0.0) == pytest.approx(3.0, abs=0.01)
+
+
 def test_the_serial_part_is_fitted_where_requests_arrive_together():
     from kernels.from_run import fit_api_serial
 

@@ -131,9 +131,10 @@ class Settings:
     """--pd: contexts (KV tokens a request starts with) of the decode_only benches."""
     decode_concurrency: int = 4
     warmup_prompts: int = 4
-    repeats: int = 3
+    repeats: int = 5
     """`vllm bench serve` runs per point (and for the fit): their median is the measurement,
-    their range its spread."""
+    their range its spread. Five: on this machine two runs of three at one load measured 26-34 %
+    slower than the third (2026-12-05), which a median of three does not outvote."""
     seed: int = 0
     """The first run's seed; each later `vllm bench serve` run of the loop takes the next, so
     that no run repeats the prompts of another (warm-up, fit, compared runs)."""

@@ -39,6 +39,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import urllib.request
@@ -274,8 +275,7 @@ def combine(results: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float | Non
         if not values:
             median[m], spread[m] = None, None
             continue
-        mid = len(values) // 2
-        median[m] = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        median[m] = statistics.median(values)
         spread[m] = [values[0], values[-1]]
     return median, spread
 
@@ -494,18 +494,17 @@ class Measured:
     load: tuple[float, float]
     per_run: tuple[dict[str, dict[str, Any]], ...] = ()
     """The engines' figures of each run alone."""
+    seed: int = 0
+    """The first run's seed (its plan file's)."""
 
     def engine_tpot_ms(self) -> float | None:
         """The decoding engine's mean TPOT, the median over the runs (each run's mean from
         its own counters): one slow run (the first at a batch size, say) moves it less than it
         moves the mean over all of them."""
-        got = sorted(t for e in self.per_run
-                     if (t := engine_view(Point("", 0, 0, {}, {}, engine=e))["tpot_mean_ms"])
-                     is not None)
-        if not got:
-            return None
-        mid = len(got) // 2
-        return got[mid] if len(got) % 2 else (got[mid - 1] + got[mid]) / 2
+        got = [t for e in self.per_run
+               if (t := engine_view(Point("", 0, 0, {}, {}, engine=e))["tpot_mean_ms"])
+               is not None]
+        return statistics.median(got) if got else None
 
 
 class Loop:
@@ -517,8 +516,6 @@ class Loop:
         self.points: list[Point] = []
         self._seeds = itertools.count(settings.seed)
         """The next bench run's seed: no two runs send the same prompts."""
-        self.first_seeds: dict[str, int] = {}
-        """Each measured workload's first seed (its plan file's)."""
 
     def fit_name(self, role: str, concurrency: int) -> str:
         """The fitting runs' name at a load: `<role>-fit` at the first, `-fit-c<N>` after."""
@@ -557,9 +554,11 @@ class Loop:
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in jobs}
         before: dict[str, dict[str, dict[str, float]]] = {name: {} for name in jobs}
         after: dict[str, dict[str, dict[str, float]]] = {name: {} for name in jobs}
-        loads: dict[str, list[float]] = {name: [] for name in jobs}
+        first_load: dict[str, float] = {}
+        last_load: dict[str, float] = {}
         per_run: dict[str, list[dict[str, dict[str, Any]]]] = {name: [] for name in jobs}
         plans: dict[str, Path] = {}
+        seeds: dict[str, int] = {}
         for i in range(repeats):
             for name, workload in jobs.items():
                 seed = next(self._seeds)
@@ -567,7 +566,7 @@ class Loop:
                     first = {**workload, "seed": seed}
                     plans[name] = self.plan_file(name, deployment, first, self.simulate(
                         deployment, load_workload(first)))
-                    self.first_seeds[name] = seed
+                    seeds[name] = seed
                 run_dir = self.out / "runs" / name / f"run{i + 1}"
                 b, load0 = read_metrics(urls), os.getloadavg()[0]
                 run_bench(plans[name], backend.url, run_dir, model=self.model,
@@ -578,10 +577,12 @@ class Loop:
                 _add_reads(before[name], b)
                 _add_reads(after[name], a)
                 per_run[name].append({k: engine_figures(b[k], a[k]) for k in urls})
-                loads[name] = [loads[name][0] if loads[name] else load0, load1]
+                first_load.setdefault(name, load0)
+                last_load[name] = load1
         return {name: Measured(results[name], {k: engine_figures(before[name][k],
                                                                  after[name][k]) for k in urls},
-                               (loads[name][0], loads[name][1]), tuple(per_run[name]))
+                               (first_load[name], last_load[name]), tuple(per_run[name]),
+                               seeds[name])
                 for name in jobs}
 
     def run_plan(self, role: str, deployment: Deployment) -> None:
@@ -681,10 +682,10 @@ class Loop:
         s = self.settings
         for c in s.concurrencies:
             name = f"{role}-c{c}"
-            w = {**points[name], "seed": self.first_seeds[name]}
+            runs = got[name]
+            w = {**points[name], "seed": runs.seed}
             sim_metrics = self.simulate(deployment, load_workload(w))
             self.plan_file(name, deployment, w, sim_metrics)
-            runs = got[name]
             measured, spread = combine(runs.results)
             point = Point(role, c, s.prompts(c),
                           predicted_metrics(sim_metrics, deployment.gpus_used), measured,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import http.client
 import json
 import os
 import secrets
@@ -755,7 +756,8 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
 
 def _completes(url: str, deadline: float) -> dict[str, str] | None:
     """The answer headers of one short completion from `url` (its model named by /v1/models),
-    or None if it cannot answer yet."""
+    or None if it cannot answer yet: also when what answers is not HTTP (a probe of a port no
+    server holds yet can connect to itself and read its own request back)."""
     left = deadline - time.monotonic()
     if left <= 0:
         return None
@@ -771,6 +773,7 @@ def _completes(url: str, deadline: float) -> dict[str, str] | None:
             answer = json.loads(resp.read())
             if resp.status == 200 and answer.get("choices"):
                 return {k.lower(): v for k, v in resp.headers.items()}
-    except (OSError, ValueError, KeyError, IndexError, TypeError, urllib.error.URLError):
+    except (OSError, ValueError, KeyError, IndexError, TypeError, urllib.error.URLError,
+            http.client.HTTPException):
         return None
     return None

@@ -226,3 +226,25 @@ def test_free_base_port_leaves_the_router_port_and_every_instance_port_free():
     for port in range(base - 1, base + 3):
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # would raise if taken
+
+
+def test_an_answer_that_is_not_http_is_not_ready_yet():
+    """A readiness probe of a port no server holds yet can connect to itself and read its own
+    request back as the status line: the engine is not ready, the launch goes on waiting."""
+    import socket
+    import threading
+
+    from executor.backends.local import _completes
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+
+        def echo() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(conn.recv(4096))  # its own request back, not an HTTP answer
+
+        threading.Thread(target=echo, daemon=True).start()
+        port = server.getsockname()[1]
+        assert _completes(f"http://127.0.0.1:{port}", time.monotonic() + 10) is None

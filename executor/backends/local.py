@@ -175,10 +175,25 @@ def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
+def ephemeral_low() -> int:
+    """The lowest port this system gives outgoing connections (Linux's ip_local_port_range;
+    32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_base_port(count: int) -> int:
     """A base port such that base-1 .. base+count-1 are free now on 127.0.0.1 (the router sits
-    at base-1), so that a local deployment does not collide with what already listens here."""
-    for candidate in range(20000 + (os.getpid() * 37) % 20000, 60000, 53):
+    at base-1), so that a local deployment does not collide with what already listens here;
+    below the system's ephemeral ports where there is room: a readiness probe of a port there
+    that no server holds yet can connect to itself and hold it, and the engine then fails to
+    bind it (seen in make test). Where to start turns with the process id, so that parallel
+    processes try different ports first."""
+    candidates = list(range(20001, ephemeral_low() - count, 53)) or list(range(20001, 60000, 53))
+    start = (os.getpid() * 37) % len(candidates)
+    for candidate in candidates[start:] + candidates[:start]:
         if all(port_free(p, "127.0.0.1", reuse=False)
                for p in range(candidate - 1, candidate + count)):
             return candidate

@@ -248,3 +248,11 @@ def test_an_answer_that_is_not_http_is_not_ready_yet():
         threading.Thread(target=echo, daemon=True).start()
         port = server.getsockname()[1]
         assert _completes(f"http://127.0.0.1:{port}", time.monotonic() + 10) is None
+
+
+def test_a_local_deployment_takes_ports_below_the_ephemeral_ones():
+    from executor.backends.local import ephemeral_low, free_base_port, port_free
+
+    base = free_base_port(3)
+    assert base - 1 >= 20000 and base + 3 <= ephemeral_low()
+    assert all(port_free(p, "127.0.0.1", reuse=False) for p in range(base - 1, base + 3))

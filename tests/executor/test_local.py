@@ -176,8 +176,8 @@ def test_signal_tears_everything_down(tmp_path, sig, code):
                          {str(run_dir)!r}, vllm={str(fake_vllm(tmp_path))!r})
         b.launch()
         b.wait_ready(60)
-        print("ready", flush=True)
-        try:
+        try:  # "ready" from inside: a signal sent once it is read lands in the try
+            print("ready", flush=True)
             time.sleep(120)
         except KeyboardInterrupt:
             print("interrupted", flush=True)

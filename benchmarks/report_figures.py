@@ -223,7 +223,10 @@ FIGURES = [
            "MoE = expert GEMMs + router + shared experts + dispatch/combine"),
     Figure("DEP4 decode 128K, 64 req/rank: attention + indexer share", 0.13, "share",
            lambda s: _kernel_share(s, 64, 131072, 4),
-           lambda s: "benchmarks/report_figures.py (dsv4_hca_attn + indexer kernel tables)",
+           lambda s: (f"rackplan step {s.narrow} --batch 64 --context 131072 --json "
+                      "(parts *.decode.attention + *.decode.indexer)"
+                      if load_model(s.model).attention == "dsv41"
+                      else "benchmarks/report_figures.py (dsv4_hca_attn + indexer kernel tables)"),
            "kernels only; projections excluded"),
     Figure("DEP32 decode step at 128K", 8.93, "ms",
            lambda s: _step(s.wide, "decode", 64, 131072)["total_ms"],

@@ -18,10 +18,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from simulator.calibration import mega_attention as mega
 from simulator.calibration import roofline as rf
 from simulator.calibration.cache import cached
 from simulator.calibration.grid import EXTRAPOLATED, ROOFLINE, SOURCES, Grid, worst
@@ -977,33 +978,76 @@ class Calibration:
 
     def dsv41_attention(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,
                         new: np.ndarray, past: np.ndarray) -> Priced:
-        """One DeepSeek-V4.1 layer's mega-attention kernel alone (the window + top-k attention
-        with its RoPE and output cast fused; no projections), by transfer from V4's measured
-        attention kernel (`dsv4_hca_attn`, window + compressed entries) at the context where it
-        reads as many entries (128 x the records the V4.1 layer reads; a window-only layer at
-        its window), its efficiency there applied to this kernel's roofline (its heads, fp4
-        records, fp8 window entries) at the heads it computes (a TP shard's, padded to
-        MEGA_ATTENTION_HEADS). Flagged extrapolated."""
+        """One DeepSeek-V4.1 decode layer's mega attention (the query's pad with the window
+        KV insert, and the one kernel for the window + top-k attention with its RoPE and output
+        cast; no projections) at vLLM's measurement on GB300 (`mega_attention`: a 64-head
+        model reading 128 window + 512 compressed entries, NVFP4 records, by query tokens a
+        GPU and live heads). Carried to other conditions by measured ratios: what V4's
+        attention kernel (`dsv4_hca_attn`) costs on this system where it reads as many entries
+        as this layer, over what it costs on GB300 where it reads the table's (a layer that
+        reads fewer entries, another Blackwell system); and, for records other than NVFP4, the
+        time above the table's one-token figure by the kernel's roofline with this layer's
+        records over the one with NVFP4's. Exactly the
+        measurement where the conditions are the table's, flagged extrapolated elsewhere."""
+        m = inst.model
+        b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
+                                        for v in (batch, new, past)))
+        table, codes = mega.measured_ms(max(m.num_attention_heads // inst.tp, 1), b * n)
+        same = (self.hardware.name == mega.HARDWARE and inst.kv_cache == mega.KV_CACHE
+                and (m.num_attention_heads, m.head_dim, m.sliding_window, m.sparse_topk)
+                == (mega.HEADS, mega.HEAD_DIM, mega.WINDOW, mega.TOPK))
+        reads_all = (p >= kind.reads * mega.TOPK) if kind.reads else np.zeros(p.shape, bool)
+        exact = same & reads_all
+        if exact.all():
+            return Priced(table, SOURCES[int(codes.max())], mega.TABLE, codes)
+        ref_cal = self if self.hardware.name == mega.HARDWARE else load_calibration(
+            load_hardware(mega.HARDWARE), self.engine, None, self.user_dir)
+        reader = kind if kind.reads else cast("CSA2", kind_of("csa2_reuse_r2"))
+        full = np.full_like(p, float(reader.reads * mega.TOPK))
+        scale = (self._v4_attention_at(kind, inst, b, n, p)
+                 / ref_cal._v4_attention_at(reader, inst, b, n, full))
+        if inst.kv_cache != mega.KV_CACHE:
+            # the records' bytes move only what the kernel's work adds above its one-token
+            # time (at one query token it reads a few hundred KB: its latency, not its bytes)
+            floor, _ = mega.measured_ms(max(m.num_attention_heads // inst.tp, 1), np.ones(1))
+            table = floor + (table - floor) * (
+                self._mega_roof(kind, inst.kv_cache, inst, b, n, p)
+                / self._mega_roof(kind, mega.KV_CACHE, inst, b, n, p))
+        codes = np.where(exact, codes, np.maximum(codes, EXTRAPOLATED))
+        return Priced(np.where(exact, table, table * scale), SOURCES[int(codes.max())],
+                      mega.TABLE, codes)
+
+    def _v4_attention_at(self, kind: CSA2, inst: Instance, b: np.ndarray, n: np.ndarray,
+                         p: np.ndarray) -> np.ndarray:
+        """ms of V4's measured attention kernel (`dsv4_hca_attn`, window + compressed entries,
+        V4's fp8 records) at the context where it reads as many entries as a V4.1 layer `kind`
+        at past `p`: 128 x the records that layer reads (a window-only layer: its window), at
+        the heads the mega kernel computes (a TP shard's, padded to MEGA_ATTENTION_HEADS)."""
         from simulator.specs.deployment import MEGA_ATTENTION_HEADS
 
-        m, hw = inst.model, self.hardware
+        m = inst.model
         heads = max(m.num_attention_heads // inst.tp, MEGA_ATTENTION_HEADS)
         proxy = _v4_proxy(m)  # V4's kernel measured at as many heads
         pinst = replace(inst, model=proxy, kv_cache="fp8", expert_parallel=True,
                         attn_tp=max(proxy.num_attention_heads // heads, 1))
-        b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
-                                        for v in (batch, new, past)))
-        ratio = kind.reads
-        p4 = (128 * np.minimum(p / ratio, m.sparse_topk) if ratio
+        p4 = (128 * np.minimum(p / kind.reads, m.sparse_topk) if kind.reads
               else np.minimum(p, m.sliding_window))
-        got = self.dsv4_kernel("dsv4_hca_attn", pinst, b, n, p4)
-        v4_roof, _ = self._dsv4_kernel_roof("dsv4_hca_attn", pinst)
-        own = rf.sparse_attention(
-            hw, b, n, p, params=0.0, heads=heads, qk_dim=m.head_dim, v_dim=m.head_dim,
-            window=m.sliding_window, ratio=ratio, topk=m.sparse_topk if ratio else 0,
-            index_heads=0, index_dim=0, entry_bytes=kind.record_bytes(m, inst.kv_cache),
-            index_bytes=0.0, window_bytes=kind.window_bytes(m, inst.kv_cache))
-        return got.transferred(own, v4_roof(b, n, p4, heads))
+        return self.dsv4_kernel("dsv4_hca_attn", pinst, b, n, p4).ms
+
+    def _mega_roof(self, kind: CSA2, kv: str, inst: Instance, b: np.ndarray, n: np.ndarray,
+                   p: np.ndarray) -> np.ndarray:
+        """The mega kernel's roofline ms for a V4.1 layer `kind` with `kv` records (fp8
+        window entries unless bf16) at the heads it computes."""
+        from simulator.specs.deployment import MEGA_ATTENTION_HEADS
+
+        m = inst.model
+        return rf.sparse_attention(
+            self.hardware, b, n, p, params=0.0,
+            heads=max(m.num_attention_heads // inst.tp, MEGA_ATTENTION_HEADS),
+            qk_dim=m.head_dim, v_dim=m.head_dim, window=m.sliding_window, ratio=kind.reads,
+            topk=m.sparse_topk if kind.reads else 0, index_heads=0, index_dim=0,
+            entry_bytes=kind.record_bytes(m, kv), index_bytes=0.0,
+            window_bytes=kind.window_bytes(m, kv))
 
     def dsv4_growth(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,
                     start: np.ndarray, stop: np.ndarray) -> np.ndarray:

@@ -420,6 +420,23 @@ def capped_run(row: pd.Series) -> bool:
                for backend, model, system, conc, days in CAPPED_RUNS)
 
 
+def agg_workers(row: pd.Series) -> int:
+    """Aggregated workers a row ran: the file records an aggregated row's batch size per DP
+    rank (2,780 of the 2,784 aggregated rows that record their attention DP size run
+    concurrency = batch_size x attention_dp_size), so a concurrency that is a whole multiple
+    k >= 2 of that product is k workers sharing the users. Three rows read so, k = 32:
+    Qwen3-32B-NVFP4 on TensorRT-LLM under Dynamo (B200 and GB200, TP2, 13-14 users a worker
+    of 416-448), the run whose P/D rows used 64 GPUs (40 prefill workers of one GPU, 6 decode
+    workers of four): 32 workers of TP2 are 64 GPUs too. One worker where the attention DP
+    size or the batch size is not recorded."""
+    conc, batch = _num(row.concurrency), _num(row.batch_size)
+    dp = _num(row.attention_dp_size)
+    if batch < 1 or dp < 1:
+        return 1
+    k = conc / (batch * dp)
+    return int(k) if k >= 2 and k == int(k) else 1
+
+
 def case_from_row(row: pd.Series) -> Case:
     """The deployment and workload of one measured row; SpecError says why it is not covered."""
     if capped_run(row):
@@ -446,8 +463,8 @@ def case_from_row(row: pd.Series) -> Case:
     base: dict[str, Any] = {"model": model_ref, "hardware": SYSTEMS[row.system],
                             "engine": row.backend, "precision": precision}
     if row["mode"] == "agg":
-        base["aggregated"] = _row_role(row, "", "aggregated", 1, conc, model.is_moe,
-                                       measured_with_mtp(row, model.mtp_layers))
+        base["aggregated"] = _row_role(row, "", "aggregated", agg_workers(row), conc,
+                                       model.is_moe, measured_with_mtp(row, model.mtp_layers))
     else:
         base["prefill"] = _row_role(row, "prefill_", "prefill", row.prefill_num_workers, 1,
                                     model.is_moe)

@@ -55,6 +55,21 @@ def test_aggregated_dep_row_becomes_a_dep_deployment(rows):
         int(0.8 * row.osl), row.osl)
 
 
+def test_an_aggregated_row_whose_users_are_a_multiple_of_its_batch_runs_that_many_workers(rows):
+    """The file records an aggregated row's batch size per DP rank: concurrency is
+    batch_size x attention_dp_size, or a whole multiple k of it, k workers sharing the users
+    (Qwen3-32B-NVFP4 under Dynamo: 416 users, 13 a TP2 worker, 32 workers)."""
+    row = rows[rows.id.str.contains("qwen3_32b_nvfp4_b200_sxm_trtllm_agg")].iloc[0]
+    agg = case_from_row(row).deployment.aggregated
+    assert agg is not None and (agg.instances, agg.tp, agg.max_num_seqs) == (32, 2, 13)
+    dep = rows[(rows["mode"] == "agg") & (rows.attention_dp_size == 8)].iloc[0]
+    assert dep.concurrency == dep.batch_size * 8  # the common case: one worker
+    assert case_from_row(dep).deployment.aggregated.instances == 1
+    plain = row.copy()
+    plain["batch_size"] = float("nan")  # nothing says how the users were spread
+    assert case_from_row(plain).deployment.aggregated.instances == 1
+
+
 def test_sglang_rows_on_blackwell_take_the_recipes_recv_interval(rows):
     """InferenceX's aggregated SGLang recipes of DeepSeek-R1 and Qwen3.5 on B200 and B300 pass
     --scheduler-recv-interval 10 below 16 users and 30 from 16 on; GLM-5's, Hopper's and other

@@ -8,9 +8,10 @@ For the tiny-moe plans on the cpu hardware (vLLM's CPU build from .venv-engine):
 2. each plan deployed for real with the local backend, once for all its concurrencies;
 3. the serving latencies fitted on their own runs at concurrency 1 and 8 (their own prompts,
    after a discarded warm-up), never on the runs compared below: each plan's step overhead
-   is what its engines' own mean TPOT (vLLM's /metrics, the median over the runs) leaves over
-   the simulated TPOT with no overhead (the calibrated kernels alone), a fixed part plus a
-   part per running request (kernels.from_run.fit_step); the aggregated plan's API overhead
+   is what the measured TPOT p50 (the median over the runs, the figure compared below and the
+   one `rackplan calibrate --from-run` fits) leaves over the simulated TPOT with no overhead
+   (the calibrated kernels alone), a fixed part plus a part per running request
+   (kernels.from_run.fit_step); the aggregated plan's API overhead
    is its measured TTFT p50 at concurrency 1 minus the simulated one; on the 1P+1D plan
    (--pd) the P/D handoff is the same residual with that API overhead. They go to
    DIR/serving_overhead.json (the P/D plan's to its `disaggregated` part), where `rackplan
@@ -620,7 +621,7 @@ class Loop:
         """From the fitting runs at each of `fit_concurrencies` (`fits`, measured in `got`
         after a discarded warm-up, never compared): each plan fits its own step overhead
         (fixed and per running request: on this host the P/D decode engine's API server
-        shares its core) from the engines' mean TPOT, the aggregated plan the API overhead
+        shares its core) from the measured TPOT p50, the aggregated plan the API overhead
         from the first load's TTFT, the P/D plan the handoff with that API overhead. Written
         to the calibration folder's serving_overhead.json (the P/D plan's to its
         `disaggregated` part)."""
@@ -636,18 +637,22 @@ class Loop:
             if not runs:
                 self.fit[f"{role}_streamed"] = streamed_share(measured.results)
             self.fit[f"{role}_ttft_p50_ms_c{c}"] = ttft
-            tpot = measured.engine_tpot_ms()
+            # the TPOT p50 the runs measured, the figure each point is compared on (the
+            # engine's own mean, vLLM's /metrics, is kept beside it: a mean over a run's
+            # requests, which its slow stretches pull up)
+            tpot = combine(measured.results)[0]["tpot_ms"]
             if tpot is None:
-                raise RuntimeError(f"the {role} fitting runs at concurrency {c} left no engine "
-                                   "TPOT in vLLM's /metrics")
-            self.fit[f"{role}_engine_tpot_ms_c{c}"] = tpot
+                raise RuntimeError(f"the {role} fitting runs at concurrency {c} measured no "
+                                   "TPOT")
+            self.fit[f"{role}_tpot_p50_ms_c{c}"] = tpot
+            self.fit[f"{role}_engine_tpot_ms_c{c}"] = measured.engine_tpot_ms()
             runs.append((tpot, ttft, self._sim(deployment, load_workload(fit_load))))
         ttft = runs[0][1]
         loads = ", ".join(map(str, s.fit_concurrencies))
         about = {"fitted": datetime.now(UTC).date().isoformat(),
                  "command": "benchmarks/closed_loop.py",
                  "rule": f"runs of their own at concurrency {loads}: "
-                         "engine mean TPOT (median of the runs) - simulated kernels = fixed + "
+                         "TPOT p50 (median of the runs) - simulated kernels = fixed + "
                          "per request x requests a step runs; api = TTFT p50 - simulated "
                          "(aggregated, first load), its serial part from the TTFT p50 at the "
                          "other; handoff = P/D TTFT p50 - simulated"}

@@ -630,20 +630,18 @@ class Loop:
         for c in s.fit_concurrencies:
             name = self.fit_name(role, c)
             fit_load, measured = fits[name], got[name]
-            ttft = combine(measured.results)[0]["ttft_ms"]
-            if ttft is None:
-                raise RuntimeError(f"the {role} fitting runs at concurrency {c} measured no "
-                                   "TTFT")
+            # the p50s the runs measured, the figures each point is compared on (the engine's
+            # own mean TPOT, vLLM's /metrics, is kept beside them: a mean over a run's
+            # requests, which its slow stretches pull up)
+            median = combine(measured.results)[0]
+            ttft, tpot = median["ttft_ms"], median["tpot_ms"]
+            for metric, value in (("TTFT", ttft), ("TPOT", tpot)):
+                if value is None:
+                    raise RuntimeError(f"the {role} fitting runs at concurrency {c} measured "
+                                       f"no {metric}")
             if not runs:
                 self.fit[f"{role}_streamed"] = streamed_share(measured.results)
             self.fit[f"{role}_ttft_p50_ms_c{c}"] = ttft
-            # the TPOT p50 the runs measured, the figure each point is compared on (the
-            # engine's own mean, vLLM's /metrics, is kept beside it: a mean over a run's
-            # requests, which its slow stretches pull up)
-            tpot = combine(measured.results)[0]["tpot_ms"]
-            if tpot is None:
-                raise RuntimeError(f"the {role} fitting runs at concurrency {c} measured no "
-                                   "TPOT")
             self.fit[f"{role}_tpot_p50_ms_c{c}"] = tpot
             self.fit[f"{role}_engine_tpot_ms_c{c}"] = measured.engine_tpot_ms()
             runs.append((tpot, ttft, self._sim(deployment, load_workload(fit_load))))

@@ -992,7 +992,8 @@ class Calibration:
         m = inst.model
         b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
                                         for v in (batch, new, past)))
-        table, codes = mega.measured_ms(max(m.num_attention_heads // inst.tp, 1), b * n)
+        live = max(m.num_attention_heads // inst.tp, 1)
+        table, codes = mega.measured_ms(live, b * n)
         same = (self.hardware.name == mega.HARDWARE and inst.kv_cache == mega.KV_CACHE
                 and (m.num_attention_heads, m.head_dim, m.sliding_window, m.sparse_topk)
                 == (mega.HEADS, mega.HEAD_DIM, mega.WINDOW, mega.TOPK))
@@ -1009,7 +1010,7 @@ class Calibration:
         if inst.kv_cache != mega.KV_CACHE:
             # the records' bytes move only what the kernel's work adds above its one-token
             # time (at one query token it reads a few hundred KB: its latency, not its bytes)
-            floor, _ = mega.measured_ms(max(m.num_attention_heads // inst.tp, 1), np.ones(1))
+            floor, _ = mega.measured_ms(live, np.ones(1))
             table = floor + (table - floor) * (
                 self._mega_roof(kind, inst.kv_cache, inst, b, n, p)
                 / self._mega_roof(kind, mega.KV_CACHE, inst, b, n, p))

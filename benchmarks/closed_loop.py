@@ -40,6 +40,7 @@ import itertools
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -703,7 +704,8 @@ class Loop:
         """The P/D plan's decode role alone (vLLM's DecodeBenchConnector fills each request's
         KV: no prefill) at each of `decode_contexts` and `decode_concurrency` users, as
         `rackplan bench --mode decode_only` runs it, beside the simulator's decode_only mode
-        with the P/D fit."""
+        with the P/D fit: as many prompts as a compared point at that load, `repeats` runs
+        (`--repeats`), their median compared."""
         from executor.sweep import bench_points
 
         s = self.settings
@@ -715,7 +717,8 @@ class Loop:
             with calibration_dir(self.calibration):
                 report = bench_points(plan, self.out / "decode-only" / name, [c],
                                       mode="decode_only", context=context, model=self.model,
-                                      timeout_s=BENCH_TIMEOUT_S)
+                                      timeout_s=BENCH_TIMEOUT_S, num_prompts=s.prompts(c),
+                                      repeats=s.repeats)
             (got,) = report.points
             point = Point(f"decode_only ctx {context}", c, s.prompts(c),
                           {m: got.row(r).predicted for m, r in DECODE_ROWS.items()},
@@ -770,8 +773,28 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # one line for people; the logs are under OUT
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"closed_loop: error: {first} (logs under {args.out})", file=sys.stderr)
+        failed = engine_failure(Path(args.out))
+        print(f"closed_loop: error: {first} (logs under {args.out}"
+              + (f"; an engine failed first: {failed}" if failed else "") + ")", file=sys.stderr)
         return 1
+
+
+ENGINE_ERROR = re.compile(r"\b([A-Za-z]*(?:Error|Exception)): (.+)$")
+
+
+def engine_failure(out: Path) -> str | None:
+    """The first exception an engine of the loop's deployments logged (the newest log
+    first), as `log: Type: message`: a request that fails because an engine process died says
+    only that its connection was refused."""
+    logs = sorted((out / "deploy").glob("*/logs/*.log"), key=lambda f: f.stat().st_mtime,
+                  reverse=True)
+    for log in logs:
+        with open(log, errors="replace") as f:
+            for line in f:
+                m = ENGINE_ERROR.search(line)
+                if m and "ERROR" in line:
+                    return f"{log}: {m[1]}: {m[2].strip()}"
+    return None
 
 
 def run(out: Path, calibration: str | None, settings: Settings, quick: bool, threads: int,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import time
 import urllib.request
@@ -474,6 +475,26 @@ def aiperf_result(export: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs of one benchmark as one result: each figure every run gives as a number
+    (counts, duration, throughputs, percentiles) at its median over the runs, `runs` their
+    number and `spread` each such figure's [lowest, highest]; per-request lists are dropped. A
+    noisy machine moves single runs by tens of percent; their median is the figure compared."""
+    if not results:
+        raise ValueError("median_result needs at least one result")
+    out: dict[str, Any] = {}
+    spread: dict[str, list[float]] = {}
+    for key, first in results[0].items():
+        values = [float(v) for r in results if isinstance(v := r.get(key), int | float)
+                  and not isinstance(v, bool) and math.isfinite(v)]
+        if len(values) == len(results):
+            out[key] = statistics.median(values)
+            spread[key] = [min(values), max(values)]
+        elif not isinstance(first, list | dict):
+            out[key] = first
+    return {**out, "runs": len(results), "spread": spread}
+
+
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     """The benchmark's own summary figures, for the report."""
     return {"completed": result.get("completed"), "failed": result.get("failed"),
@@ -481,7 +502,8 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
             "request_throughput": result.get("request_throughput"),
             "total_input_tokens": result.get("total_input_tokens"),
             "total_output_tokens": result.get("total_output_tokens"),
-            **{f"mean_{m}_ms": result.get(f"mean_{m}_ms") for m in PERCENTILE_METRICS}}
+            **{f"mean_{m}_ms": result.get(f"mean_{m}_ms") for m in PERCENTILE_METRICS},
+            **({"runs": result["runs"]} if "runs" in result else {})}
 
 
 def _write_report(report: Report, run_dir: Path) -> Report:

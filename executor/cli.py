@@ -136,6 +136,10 @@ def register(sub: Any) -> None:
     p.add_argument("--num-prompts", type=int, metavar="N",
                    help="prompts per benchmark run (default: the plan's requests; isolated "
                         "modes: 4 per user, at least 8)")
+    p.add_argument("--repeats", type=int, metavar="N",
+                   help="isolated modes and --sweep: run each load N times on the same "
+                        "deployment (prompts of their own each) and compare the median of the "
+                        "runs (default 1; at most 20)")
     p.add_argument("--base-port", type=int, metavar="PORT",
                    help="isolated modes: the first port of the role deployed here (default "
                         "8100)")
@@ -393,7 +397,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     isolated = args.mode != "serve"
     if isolated or args.sweep:
         return _bench_points(args)
-    for flag in ("context", "concurrency", "plot", "base_port", "model_path"):
+    for flag in ("context", "concurrency", "plot", "base_port", "model_path", "repeats"):
         if getattr(args, flag) is not None:
             raise SpecError(f"--{flag.replace('_', '-')} goes with --mode decode_only/"
                             "prefill_only or --sweep")
@@ -438,7 +442,7 @@ MAX_PROMPTS = 1_000_000
 def _bench_points(args: argparse.Namespace) -> int:
     """bench --mode decode_only/prefill_only and/or --sweep."""
     from executor.backends.local import render_local
-    from executor.sweep import bench_points, parse_loads, write_plot
+    from executor.sweep import MAX_REPEATS, bench_points, parse_loads, write_plot
 
     isolated = args.mode != "serve"
     if isolated:
@@ -457,6 +461,8 @@ def _bench_points(args: argparse.Namespace) -> int:
         raise SpecError("--sweep runs benchmarks; it cannot go with --from-file")
     if args.concurrency is not None and not 1 <= args.concurrency <= 100_000:
         raise SpecError(f"--concurrency {args.concurrency} must be between 1 and 100000")
+    if args.repeats is not None and not 1 <= args.repeats <= MAX_REPEATS:
+        raise SpecError(f"--repeats {args.repeats} must be between 1 and {MAX_REPEATS}")
     loads = parse_loads(args.sweep) if args.sweep else (float(args.concurrency or 1),)
     plot = None
     if args.plot:
@@ -480,7 +486,8 @@ def _bench_points(args: argparse.Namespace) -> int:
     try:
         report = bench_points(args.plan, run_dir, loads, mode=args.mode, url=url,
                               context=args.context, num_prompts=_prompts(args), model=model,
-                              base_port=args.base_port, repredict=args.calibration is not None)
+                              base_port=args.base_port, repredict=args.calibration is not None,
+                              repeats=args.repeats or 1)
     except LaunchError as e:
         print(f"rackplan: error: {e}", file=sys.stderr)
         return EXIT_LAUNCH_FAILED

@@ -4,7 +4,10 @@
 requests/s, in the unit of the plan's workload) and predicts each point with the simulator at
 the same load (planner/load.py `at_load`, what the planner's sweep simulates). Each load sends
 prompts of its own (the workload's seed plus the load's index): an engine serving a prompt
-again would find it in its prefix cache. In serve mode it
+again would find it in its prefix cache. With `repeats` each load runs that many times on the
+same deployment (run-1, run-2, ... under the load's folder, each with prompts of its own: the
+workload's seed plus REPEAT_SEEDS x the repeat) and the median of the runs' figures is compared
+(`executor.bench.median_result`). In serve mode it
 measures the deployment at `url`; in an isolated mode (executor/isolated.py) it deploys the role
 alone on this machine, benches it at each concurrency and tears it down. Each point is a
 `Report` (the comparison rows, report.json and report.md in run_dir/<load>/); `SweepReport`
@@ -32,6 +35,7 @@ from executor.bench import (
     compare,
     load_prediction,
     measure,
+    median_result,
     served_model,
 )
 from executor.isolated import launch_alone, mode_for, predict_alone, serve_workload
@@ -40,6 +44,10 @@ from simulator.specs.workload import Workload
 
 MAX_POINTS = 16
 """Loads one sweep may ask for: each is a benchmark run of its own on the real engine."""
+MAX_REPEATS = 20
+"""Runs of one load at most (`repeats`)."""
+REPEAT_SEEDS = 1000
+"""The seed step between a load's repeats (its loads' seeds step by one)."""
 CURVE_METRICS = ("ttft_ms.p50", "tpot_ms.p50", "itl_ms.p50", "output_throughput_tok_s",
                  "total_throughput_tok_s")
 
@@ -132,10 +140,13 @@ def bench_points(plan_path: str | Path, run_dir: str | Path, loads: Sequence[flo
                  num_prompts: int | None = None, model: str | None = None,
                  base_port: int | None = None, vllm: str | Path | None = None,
                  ready_timeout_s: float = 1800.0, timeout_s: float | None = None,
-                 repredict: bool = False) -> SweepReport:
+                 repredict: bool = False, repeats: int = 1) -> SweepReport:
     """One benchmark per load, each beside the simulator's prediction at that load; see the
     module. serve mode needs `url`; an isolated mode needs `context` and deploys the role on
-    this machine, serving `model` (a model folder)."""
+    this machine, serving `model` (a model folder). `repeats`: runs of each load, compared by
+    their median."""
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise SpecError(f"repeats={repeats} must be between 1 and {MAX_REPEATS}")
     plan_path, run_dir = Path(plan_path), Path(run_dir)
     exe = Path(vllm) if vllm is not None else default_vllm()
     if not exe.exists():
@@ -144,19 +155,19 @@ def bench_points(plan_path: str | Path, run_dir: str | Path, loads: Sequence[flo
         if url is None:
             raise SpecError("a serve-mode bench needs the deployment's --url")
         return _serve_points(plan_path, run_dir, loads, url, num_prompts, exe, timeout_s,
-                             repredict)
+                             repredict, repeats)
     if context is None or context < 1:
         raise SpecError(f"--mode {mode} needs --context TOKENS (>= 1): the prompt, and in "
                         "decode_only the KV each request starts with")
     if model is None:
         raise SpecError(f"--mode {mode} needs the model folder the engine serves")
     return _alone_points(plan_path, run_dir, loads, mode, context, num_prompts, model,
-                         base_port, exe, ready_timeout_s, timeout_s)
+                         base_port, exe, ready_timeout_s, timeout_s, repeats)
 
 
 def _serve_points(plan_path: Path, run_dir: Path, loads: Sequence[float], url: str,
                   num_prompts: int | None, exe: Path, timeout_s: float | None,
-                  repredict: bool) -> SweepReport:
+                  repredict: bool, repeats: int) -> SweepReport:
     from planner.evaluate import calibration_for, sim_options
     from planner.load import at_load
     from simulator.des import simulate
@@ -173,14 +184,15 @@ def _serve_points(plan_path: Path, run_dir: Path, loads: Sequence[float], url: s
                              options=sim_options(deployment)).metrics()
         points.append(_point(plan_path, run_dir, load, traffic, predicted, url, model, exe,
                              deployment.gpus_used, num_prompts, timeout_s, mode="serve",
-                             cores=cores))
+                             cores=cores, repeats=repeats))
     return _write_sweep(SweepReport(str(plan_path), "serve", tuple(loads), tuple(points)),
                         run_dir)
 
 
 def _alone_points(plan_path: Path, run_dir: Path, loads: Sequence[float], mode_name: str,
                   context: int, num_prompts: int | None, model: str, base_port: int | None,
-                  exe: Path, ready_timeout_s: float, timeout_s: float | None) -> SweepReport:
+                  exe: Path, ready_timeout_s: float, timeout_s: float | None,
+                  repeats: int) -> SweepReport:
     from planner.plan import load_plan_or_deployment
 
     mode = mode_for(mode_name)
@@ -203,7 +215,8 @@ def _alone_points(plan_path: Path, run_dir: Path, loads: Sequence[float], mode_n
         cores = local_client_cores(deployment, url)
         points = [_point(plan_path, run_dir, load, serve_workload(a.workload), a.predicted,
                          url, served, exe, a.deployment.gpus_used, num_prompts,
-                         timeout_s, mode=mode.name, keep=mode.metrics, cores=cores)
+                         timeout_s, mode=mode.name, keep=mode.metrics, cores=cores,
+                         repeats=repeats)
                   for load, a in zip(loads, alone, strict=True)]
     finally:
         backend.teardown()
@@ -231,11 +244,20 @@ def _point(plan_path: Path, run_dir: Path, load: float, traffic: Workload,
            predicted: dict[str, Any], url: str, model: str, exe: Path, gpus: int,
            num_prompts: int | None, timeout_s: float | None, mode: str,
            keep: tuple[str, ...] | None = None,
-           cores: tuple[int, ...] | None = None) -> Report:
+           cores: tuple[int, ...] | None = None, repeats: int = 1) -> Report:
     settings = bench_settings(traffic, num_prompts)
     folder = run_dir / f"load-{load:g}"
-    command, result = measure(settings, url, model, folder, exe, timeout_s=timeout_s,
-                              cores=cores)
+    if repeats == 1:
+        command, result = measure(settings, url, model, folder, exe, timeout_s=timeout_s,
+                                  cores=cores)
+    else:  # each run with prompts of its own: a prompt sent again would hit the prefix cache
+        results = []
+        for k in range(repeats):
+            command, got = measure(replace(settings, seed=settings.seed + REPEAT_SEEDS * k),
+                                   url, model, folder / f"run-{k + 1}", exe,
+                                   timeout_s=timeout_s, cores=cores)
+            results.append(got)
+        result = median_result(results)
     rows = compare(predicted, result, gpus)
     if keep is not None:
         rows = tuple(r for r in rows if r.metric in keep)

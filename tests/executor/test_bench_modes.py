@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from executor.backends.local import free_base_port, render_local
+from executor.bench import median_result
 from executor.isolated import (
     DECODE_BENCH,
     MODES,
@@ -122,6 +123,31 @@ def test_a_decode_only_sweep_deploys_the_role_benches_each_load_and_tears_down(t
     assert not (out / "deploy" / "logs" / "prefill-0-h0.log").exists()  # the role alone
 
 
+def test_repeated_runs_of_a_load_send_prompts_of_their_own_and_compare_their_median(tmp_path):
+    out = tmp_path / "bench"
+    r = rackplan(tmp_path, str(TINY_PD), "--mode", "decode_only", "--context", "300",
+                 "--concurrency", "2", "--repeats", "3", "--model-path", "/models/tiny-moe",
+                 "--out", str(out), "--base-port", str(free_base_port(1)))
+    assert r.returncode == 0, r.stderr
+    seeds = [re.search(r"--seed (\d+)", (out / "load-2" / f"run-{k}" / "logs" / "bench.log")
+                       .read_text()) for k in (1, 2, 3)]
+    assert [int(m[1]) for m in seeds if m] == [0, 1000, 2000]
+    report = json.loads((out / "load-2" / "report.json").read_text())
+    assert report["measured"]["runs"] == 3
+    tpot = next(row for row in report["comparison"] if row["metric"] == "tpot_ms.p50")
+    assert tpot["measured"] == pytest.approx(BENCH_RESULT["median_tpot_ms"])
+
+
+def test_the_median_of_runs_takes_each_figure_the_runs_all_give():
+    runs = [{"median_tpot_ms": t, "completed": n, "date": d, "itls": [[0.1]], "odd": o}
+            for t, n, d, o in ((12.0, 8, "a", 1.0), (10.0, 8, "b", None), (30.0, 7, "c", 2.0))]
+    got = median_result(runs)
+    assert got["median_tpot_ms"] == 12.0 and got["completed"] == 8
+    assert got["spread"]["median_tpot_ms"] == [10.0, 30.0]
+    assert got["runs"] == 3 and got["date"] == "a"
+    assert "itls" not in got and got["odd"] == 1.0 and "odd" not in got["spread"]
+
+
 def test_a_single_isolated_bench_prints_its_comparison(tmp_path):
     out = tmp_path / "bench"
     r = rackplan(tmp_path, str(TINY_PD), "--mode", "prefill_only", "--context", "200",
@@ -149,6 +175,8 @@ def test_a_single_isolated_bench_prints_its_comparison(tmp_path):
     (["--mode", "decode_only", "--context", "9", "--plot", "x.png"], "--plot draws a --sweep"),
     (["--sweep", "1,2", "--plot", "x.gif"], "must end in .png"),
     (["--num-prompts", "0"], "--num-prompts 0 must be between 1 and"),
+    (["--repeats", "3"], "--repeats goes with --mode"),
+    (["--sweep", "1,2", "--repeats", "0"], "--repeats 0 must be between 1 and 20"),
 ])
 def test_bad_bench_options_are_one_line(tmp_path, args, needle):
     r = rackplan(tmp_path, str(TINY_PD), "--out", str(tmp_path / "b"), *args)

@@ -797,6 +797,23 @@ def engine_failure(out: Path) -> str | None:
     return None
 
 
+def without_prefix_caching(deployment: Deployment) -> Deployment:
+    """`deployment` with every role's prefix caching off. `vllm bench serve`'s random dataset
+    builds each prompt as a run of consecutive token ids from a random start, so over
+    tiny-moe's 1,024 tokens a loop's ten thousand prompts repeat one another: with prefix
+    caching on, the engines served 32-51 % of prompt tokens from cache as a loop went on
+    (their logged hit rate; a 64-token prompt can hit its first 32), which the prediction of
+    prompts of their own does not count. The aggregated plan runs so. The P/D plan cannot: its
+    KV handoff on the CPU, vLLM's ExampleConnector, also answers the prefill engine, which then
+    loads a repeated prompt's KV from the file its first copy may still be writing
+    (FileNotFoundError, the engine ends) unless its own prefix cache already holds it; with
+    the cache on, a repeated prompt one token past a block makes the connector report a
+    negative hit, which the engine's stat logger refuses (it ends too, more rarely)."""
+    roles = {r: getattr(deployment, r).model_copy(update={"prefix_caching": False})
+             for r in ("prefill", "decode", "aggregated") if getattr(deployment, r) is not None}
+    return deployment.model_copy(update=roles)
+
+
 def run(out: Path, calibration: str | None, settings: Settings, quick: bool, threads: int,
         roles: tuple[str, ...]) -> int:
     if not default_vllm().exists():
@@ -825,6 +842,8 @@ def run(out: Path, calibration: str | None, settings: Settings, quick: bool, thr
     loop = Loop(out, cal, settings, model)
     for role in roles:
         deployment, _ = load_plan_or_deployment(PLANS[role])
+        if role == "aggregated":  # the P/D handoff needs it: see without_prefix_caching
+            deployment = without_prefix_caching(deployment)
         loop.run_plan(role, deployment)
         if role == "pd" and settings.decode_contexts:
             loop.decode_only(deployment)

@@ -118,6 +118,8 @@ class VllmEngine(Engine):
                       ("--offload-num-in-group", 1), ("--offload-prefetch-step", 1)]
         elif role.cpu_offload_gb:  # vllm/config/offload.py: UVA offload, GiB per GPU
             flags.append(("--cpu-offload-gb", f"{role.cpu_offload_gb:g}"))
+        if not role.prefix_caching:  # vllm/config/cache.py: enable_prefix_caching
+            flags.append(("--no-enable-prefix-caching", None))
         if role.dbo:  # vllm/config/parallel.py: enable_dbo and its two thresholds
             flags += [("--enable-dbo", None),
                       ("--dbo-decode-token-threshold", role.dbo_decode_token_threshold),

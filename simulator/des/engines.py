@@ -452,8 +452,10 @@ class Engine:
             hbm, host = self.cache.lookup(rank, blocks)
             cached = cached_tokens(hbm + host, n, t.block_tokens)
             load = cached - cached_tokens(hbm, n, t.block_tokens)
-        else:
+        elif self.spec.prefix_caching:
             cached = rate_cached_tokens(self.shared.prefix_hit_rate, n)
+        else:  # every prompt token computed
+            cached = 0
         if self.rewind:  # the hit's last window is computed again (V4.1's bounded replay)
             cached, load = max(cached - self.rewind, 0), max(load - self.rewind, 0)
         t.cached[rid] = cached

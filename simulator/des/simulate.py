@@ -292,7 +292,7 @@ class _Run:
         cls = PrefillEngine if role == "prefill" else AggregatedEngine
         engine = cls(self.shared, name, spec, pricer, experts, kv_tokens, None,
                      finish_at_prefill=only_prefill)
-        engine.cache = self._caches(role, spec, engine.kv)
+        engine.cache = self._caches(role, spec, engine.kv) if spec.prefix_caching else None
         return engine
 
     def _caches(self, role: str, spec: RoleSpec, pool: KvPool) -> RankCaches:
@@ -404,6 +404,8 @@ class _Run:
         if self.workload.mode == "decode_only":
             return 0.0
         role = next(iter(self.engines))
+        if not self.engines[role][0].spec.prefix_caching:
+            return n
         if self.table.blocks[rid] is None:
             return n - rate_cached_tokens(self.workload.prefix_hit_rate, n)
         held = self._cached(role, self._prompt_places(role), rid)

@@ -148,6 +148,11 @@ class RoleSpec(Spec):
     host_cache_backend: Literal["native", "lmcache"] = "native"
     """Who keeps the host tier: vLLM's own offloading connector or LMCache
     (--kv-offloading-backend) (default native)."""
+    prefix_caching: bool = True
+    """Keep finished prompts' KV blocks for later prompts that share their prefix (vLLM's
+    automatic prefix caching, on by default); false: every prompt token is computed, whatever
+    hits the workload's block ids or prefix_hit_rate would give (--no-enable-prefix-caching;
+    e.g. for a benchmark whose dataset repeats prompts the prediction does not)."""
 
     @model_validator(mode="after")
     def _check(self) -> RoleSpec:
@@ -165,6 +170,10 @@ class RoleSpec(Spec):
         if self.offload_backend == "prefetch" and not self.cpu_offload_gb:
             raise SpecError("offload_backend='prefetch' moves cpu_offload_gb of weights to host "
                             "memory; give cpu_offload_gb > 0 or leave offload_backend uva")
+        if self.host_cache_gb and not self.prefix_caching:
+            raise SpecError(f"host_cache_gb={self.host_cache_gb:g} is a second tier of the prefix "
+                            "cache, which prefix_caching=false turns off; set host_cache_gb to 0 "
+                            "or prefix_caching to true")
         if self.dbo and self.dep is None:
             raise SpecError("dbo=true overlaps the DP ranks' all-to-all and needs dep; give dep "
                             "or set dbo to false")

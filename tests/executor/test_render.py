@@ -212,6 +212,16 @@ def test_the_long_prefill_threshold_is_rendered_where_a_role_sets_it():
     assert "--long-prefill-token-threshold" not in dec.argv  # 0: vLLM's own default
 
 
+def test_prefix_caching_off_is_rendered_and_refuses_a_host_tier():
+    d = Deployment(model="deepseek-v3", hardware="h200",
+                   prefill=RoleSpec(dep=8, prefix_caching=False), decode=RoleSpec(dep=8))
+    pre, dec = render(d).processes[0], render(d).processes[-1]
+    assert "--no-enable-prefix-caching" in pre.argv
+    assert "--no-enable-prefix-caching" not in dec.argv  # on: vLLM's own default
+    with pytest.raises(ValueError, match="host_cache_gb=8 is a second tier of the prefix cache"):
+        RoleSpec(dep=8, prefix_caching=False, host_cache_gb=8)
+
+
 def test_dual_batch_overlap_flags():
     d = Deployment(model="deepseek-v3", hardware="h200",
                    prefill=RoleSpec(dep=16, dbo=True, dbo_prefill_token_threshold=1024),

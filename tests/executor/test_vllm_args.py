@@ -149,7 +149,8 @@ def test_vllm_s_own_parser_accepts_dual_batch_overlap():
     from executor.render import render
     from simulator.specs.deployment import Deployment, RoleSpec
     d = Deployment(model="deepseek-v3", hardware="h200",
-                   prefill=RoleSpec(dep=16, dbo=True), decode=RoleSpec(dep=16, dbo=True))
+                   prefill=RoleSpec(dep=16, dbo=True, prefix_caching=False),
+                   decode=RoleSpec(dep=16, dbo=True))
     processes = [(f"{p.instance} host {p.host}", list(p.argv)) for p in render(d).processes]
     result = check_with_vllm(processes)
     assert result.skipped is None, result.skipped

@@ -133,6 +133,16 @@ def test_the_time_per_prompt_token_is_paid_on_the_tokens_the_prefix_cache_does_n
                                                                  rel=1e-6)
 
 
+def test_without_prefix_caching_every_prompt_token_is_computed():
+    inp = 2048
+    on = simulate(pd(), closed(4, 1, inp, 10, prefix_hit_rate=0.75), expert_counts=UNIFORM)
+    off = simulate(pd(RoleSpec(dep=8, prefix_caching=False)),
+                   closed(4, 1, inp, 10, prefix_hit_rate=0.75), expert_counts=UNIFORM)
+    assert on.metrics()["cache_hit_share"] == pytest.approx(0.75, abs=1e-3)
+    assert off.metrics()["cache_hit_share"] == 0.0
+    assert off.ttft_s.mean() > on.ttft_s.mean()
+
+
 def _lockstep_ttft(tmp_path: Path, lengths: list[int]) -> np.ndarray:
     path = tmp_path / f"trace{len(lengths)}-{lengths[0]}.csv"
     rows = ["timestamp,input_length,output_length"] + [f"0,{n},1" for n in lengths]

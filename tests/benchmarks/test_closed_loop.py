@@ -236,3 +236,27 @@ def test_quick_loop_against_the_real_engine(tmp_path):
     assert len(runs) == 4 and len(seeds) == 4  # no run repeats another's prompts
     pids = json.loads((out / "deploy" / "aggregated" / "pids.json").read_text())
     assert pids and not [r for r in pids if group_members(r["pgid"])]
+
+
+def test_an_engine_that_ended_the_loop_is_named_with_its_exception(tmp_path):
+    logs = tmp_path / "deploy" / "pd" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "proxy.log").write_text("rackplan proxy on http://127.0.0.1:1\n")
+    (logs / "prefill-0-h0.log").write_text(
+        "(APIServer pid=1) WARNING ... failed with error current limit exceeds maximum\n"
+        "(APIServer pid=1) ERROR 12-05 [async_llm.py:906] Traceback (most recent call last):\n"
+        "(APIServer pid=1) ERROR 12-05 [async_llm.py:906] ValueError: Counters can only be "
+        "incremented by non-negative amounts.\n")
+    got = cl.engine_failure(tmp_path)
+    assert got == (f"{logs / 'prefill-0-h0.log'}: ValueError: Counters can only be "
+                   "incremented by non-negative amounts.")
+    assert cl.engine_failure(tmp_path / "nothing") is None
+
+
+def test_without_prefix_caching_turns_every_role_s_cache_off():
+    from planner.plan import load_plan_or_deployment
+
+    deployment, _ = load_plan_or_deployment(cl.PLANS["pd"])
+    off = cl.without_prefix_caching(deployment)
+    assert not off.prefill.prefix_caching and not off.decode.prefix_caching
+    assert deployment.prefill.prefix_caching  # the plan itself is left as it was

@@ -247,17 +247,14 @@ def _point(plan_path: Path, run_dir: Path, load: float, traffic: Workload,
            cores: tuple[int, ...] | None = None, repeats: int = 1) -> Report:
     settings = bench_settings(traffic, num_prompts)
     folder = run_dir / f"load-{load:g}"
-    if repeats == 1:
-        command, result = measure(settings, url, model, folder, exe, timeout_s=timeout_s,
-                                  cores=cores)
-    else:  # each run with prompts of its own: a prompt sent again would hit the prefix cache
-        results = []
-        for k in range(repeats):
-            command, got = measure(replace(settings, seed=settings.seed + REPEAT_SEEDS * k),
-                                   url, model, folder / f"run-{k + 1}", exe,
-                                   timeout_s=timeout_s, cores=cores)
-            results.append(got)
-        result = median_result(results)
+    results = []
+    for k in range(repeats):  # each run with prompts of its own: a prompt sent again would
+        # hit the prefix cache
+        command, got = measure(replace(settings, seed=settings.seed + REPEAT_SEEDS * k), url,
+                               model, folder if repeats == 1 else folder / f"run-{k + 1}", exe,
+                               timeout_s=timeout_s, cores=cores)
+        results.append(got)
+    result = results[0] if repeats == 1 else median_result(results)
     rows = compare(predicted, result, gpus)
     if keep is not None:
         rows = tuple(r for r in rows if r.metric in keep)

@@ -417,6 +417,12 @@ class Engine:
         self._arriving = np.zeros(self.dp)
         """Per rank: how many requests those tokens are."""
 
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of a prompt that carries no block ids served from this instance's cache: the
+        workload's, or none where the role's prefix caching is off."""
+        return self.shared.prefix_hit_rate if self.spec.prefix_caching else 0.0
+
     def rank_queued(self) -> np.ndarray:
         """Per rank: prompt tokens still to compute, loads from the host tier included."""
         out: np.ndarray = self.chunks.outstanding + self._loading
@@ -452,10 +458,8 @@ class Engine:
             hbm, host = self.cache.lookup(rank, blocks)
             cached = cached_tokens(hbm + host, n, t.block_tokens)
             load = cached - cached_tokens(hbm, n, t.block_tokens)
-        elif self.spec.prefix_caching:
-            cached = rate_cached_tokens(self.shared.prefix_hit_rate, n)
-        else:  # every prompt token computed
-            cached = 0
+        else:
+            cached = rate_cached_tokens(self.prefix_hit_rate, n)
         if self.rewind:  # the hit's last window is computed again (V4.1's bounded replay)
             cached, load = max(cached - self.rewind, 0), max(load - self.rewind, 0)
         t.cached[rid] = cached

@@ -404,10 +404,8 @@ class _Run:
         if self.workload.mode == "decode_only":
             return 0.0
         role = next(iter(self.engines))
-        if not self.engines[role][0].spec.prefix_caching:
-            return n
         if self.table.blocks[rid] is None:
-            return n - rate_cached_tokens(self.workload.prefix_hit_rate, n)
+            return n - rate_cached_tokens(self.engines[role][0].prefix_hit_rate, n)
         held = self._cached(role, self._prompt_places(role), rid)
         return n - (float(held.max()) if held.size else 0.0)
 

@@ -22,9 +22,12 @@ For the tiny-moe plans on the cpu hardware (vLLM's CPU build from .venv-engine):
    simulate` of OUT/plans/<plan>-c<N>.yaml with --calibration DIR reproduces it). The runs go
    in rounds, one run of each fitting load and each compared concurrency per round, so that
    the machine's swings in speed fall alike on the fit and on what it predicts. Every run
-   sends prompts of its own (seed, seed + 1, ... in the order of the runs): a deployment that
-   serves a prompt again finds half of it in its prefix cache, which the simulated workload
-   does not have (and vLLM's example KV connector fails on such hits at 16 users);
+   sends prompts of its own (executor/prompts.py, seeds seed, seed + 1, ... in the order of
+   the runs; no two alike within a run or across runs): vLLM's random dataset repeats its
+   prompts over tiny-moe's 1,024 tokens, and a deployment serving a prompt again finds it in
+   its prefix cache, which the simulated workload does not have (and vLLM's example KV
+   connector, the CPU P/D handoff, ended engines on such hits). The engines' logged prefix
+   hit rates go in the report;
 5. teardown (also on an error or Ctrl-C), then OUT/closed-loop.json and OUT/closed-loop.md:
    predicted vs measured TTFT p50, TPOT p50, ITL p50 and output throughput, the prediction's
    error relative to the measurement, and whether it is within the targets (TPOT and
@@ -98,6 +101,8 @@ ENGINE_SERIES = {
     "steps": "vllm:iteration_tokens_total_count",
     "step_tokens": "vllm:iteration_tokens_total_sum",
     "generated": "vllm:generation_tokens_total",
+    "cache_queries": "vllm:prefix_cache_queries_total",
+    "cache_hits": "vllm:prefix_cache_hits_total",
 }
 """vLLM's Prometheus series read before and after each run. TPOT, ITL, queue and prefill times
 are stamped by the engine core as it steps; TTFT by the API server as it handles the output."""
@@ -186,7 +191,8 @@ def engine_figures(before: Mapping[str, float], after: Mapping[str, float]) -> d
     """What one instance's engine saw between two reads of its /metrics: requests, steps,
     mean tokens computed and generated per step (the latter is the mean decode batch), and the
     mean TPOT, ITL, queue, prefill and API-server TTFT in ms (None where no request
-    contributed)."""
+    contributed), and the share of prompt tokens its prefix cache served (None where none was
+    looked up: the cache off, or no request)."""
     d = {k: after.get(s, 0.0) - before.get(s, 0.0) for k, s in ENGINE_SERIES.items()}
 
     def mean_ms(key: str) -> float | None:
@@ -196,7 +202,9 @@ def engine_figures(before: Mapping[str, float], after: Mapping[str, float]) -> d
     return {"requests": round(d["requests"]), "steps": round(d["steps"]),
             "tokens_per_step": d["step_tokens"] / d["steps"] if d["steps"] > 0 else None,
             "generated_per_step": d["generated"] / d["steps"] if d["steps"] > 0 else None,
-            **{f"{k}_mean_ms": mean_ms(k) for k in ("tpot", "itl", "queue", "prefill", "ttft")}}
+            **{f"{k}_mean_ms": mean_ms(k) for k in ("tpot", "itl", "queue", "prefill", "ttft")},
+            "prefix_hit_rate": d["cache_hits"] / d["cache_queries"] if d["cache_queries"] > 0
+            else None}
 
 
 @dataclass(frozen=True)
@@ -316,7 +324,8 @@ def engine_view(point: Point) -> dict[str, Any]:
     return {"tpot_mean_ms": decode.get("tpot_mean_ms"),
             "generated_per_step": decode.get("generated_per_step"),
             "queue_prefill_mean_ms": None if queue is None or pre is None else queue + pre,
-            "api_ttft_mean_ms": prefill.get("ttft_mean_ms")}
+            "api_ttft_mean_ms": prefill.get("ttft_mean_ms"),
+            "prefix_hit_rate": prefill.get("prefix_hit_rate")}
 
 
 PROBE_WORK = 300_000
@@ -425,7 +434,8 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
                   "how the tokens reached the client:", "",
               "| plan | conc. | prompts x runs | streamed tokens | TPOT ms: pred / engine (err) | "
               "engine decode batch | engine queue + prefill ms | API-server TTFT ms | "
-              "load before / after |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "prefix-cache hits | load before / after |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for p in points:
         if not p.engine:  # an isolated-role bench: its report has the client's figures only
             continue
@@ -435,7 +445,7 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
                      f"{_num(e['tpot_mean_ms'])} ({_err(p.engine_tpot_error())}) | "
                      f"{_num(e['generated_per_step'])} | "
                      f"{_num(e['queue_prefill_mean_ms'])} | {_num(e['api_ttft_mean_ms'])} | "
-                     f"{p.load[0]:.1f} / {p.load[1]:.1f} |")
+                     f"{_share(e['prefix_hit_rate'])} | {p.load[0]:.1f} / {p.load[1]:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -797,23 +807,6 @@ def engine_failure(out: Path) -> str | None:
     return None
 
 
-def without_prefix_caching(deployment: Deployment) -> Deployment:
-    """`deployment` with every role's prefix caching off. `vllm bench serve`'s random dataset
-    builds each prompt as a run of consecutive token ids from a random start, so over
-    tiny-moe's 1,024 tokens a loop's ten thousand prompts repeat one another: with prefix
-    caching on, the engines served 32-51 % of prompt tokens from cache as a loop went on
-    (their logged hit rate; a 64-token prompt can hit its first 32), which the prediction of
-    prompts of their own does not count. The aggregated plan runs so. The P/D plan cannot: its
-    KV handoff on the CPU, vLLM's ExampleConnector, also answers the prefill engine, which then
-    loads a repeated prompt's KV from the file its first copy may still be writing
-    (FileNotFoundError, the engine ends) unless its own prefix cache already holds it; with
-    the cache on, a repeated prompt one token past a block makes the connector report a
-    negative hit, which the engine's stat logger refuses (it ends too, more rarely)."""
-    roles = {r: getattr(deployment, r).model_copy(update={"prefix_caching": False})
-             for r in ("prefill", "decode", "aggregated") if getattr(deployment, r) is not None}
-    return deployment.model_copy(update=roles)
-
-
 def run(out: Path, calibration: str | None, settings: Settings, quick: bool, threads: int,
         roles: tuple[str, ...]) -> int:
     if not default_vllm().exists():
@@ -842,8 +835,6 @@ def run(out: Path, calibration: str | None, settings: Settings, quick: bool, thr
     loop = Loop(out, cal, settings, model)
     for role in roles:
         deployment, _ = load_plan_or_deployment(PLANS[role])
-        if role == "aggregated":  # the P/D handoff needs it: see without_prefix_caching
-            deployment = without_prefix_caching(deployment)
         loop.run_plan(role, deployment)
         if role == "pd" and settings.decode_contexts:
             loop.decode_only(deployment)

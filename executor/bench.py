@@ -80,18 +80,25 @@ class BenchSettings:
     seed: int = 0
     notes: tuple[str, ...] = ()
     """Where the mapping from the plan's workload is not exact."""
+    dataset_path: str | None = None
+    """A JSONL file of these prompts (executor/prompts.py: no two alike), sent as bench serve's
+    custom dataset; None sends vLLM's random dataset."""
 
     def args(self) -> list[str]:
         """The dataset and traffic arguments."""
-        out = ["--dataset-name", "random", "--random-input-len", str(self.input_len),
-               "--random-output-len", str(self.output_len),
-               "--random-range-ratio", json.dumps(
-                   {"input": self.input_range, "output": self.output_range},
-                   separators=(",", ":")),
-               "--random-prefix-len", str(self.prefix_len),
-               "--num-prompts", str(self.num_prompts), "--seed", str(self.seed),
-               "--request-rate", "inf" if self.request_rate is None else f"{self.request_rate:g}",
-               "--burstiness", f"{self.burstiness:g}"]
+        if self.dataset_path is None:
+            out = ["--dataset-name", "random", "--random-input-len", str(self.input_len),
+                   "--random-output-len", str(self.output_len),
+                   "--random-range-ratio", json.dumps(
+                       {"input": self.input_range, "output": self.output_range},
+                       separators=(",", ":")),
+                   "--random-prefix-len", str(self.prefix_len)]
+        else:  # lengths per prompt in the file, in its order, as written
+            out = ["--dataset-name", "custom", "--dataset-path", self.dataset_path,
+                   "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle"]
+        out += ["--num-prompts", str(self.num_prompts), "--seed", str(self.seed),
+                "--request-rate", "inf" if self.request_rate is None else f"{self.request_rate:g}",
+                "--burstiness", f"{self.burstiness:g}"]
         if self.max_concurrency is not None:
             out += ["--max-concurrency", str(self.max_concurrency)]
         return out
@@ -345,9 +352,10 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
     if not exe.exists():
         raise BenchError(f"the engine executable {exe} does not exist; run `make engine` or "
                          "pass vllm=")
-    command, result = measure(settings, url, model, run_dir, exe, tokenizer=tokenizer,
-                              timeout_s=timeout_s, detailed=detailed,
-                              cores=local_client_cores(deployment, url))
+    command, result, settings = measure(settings, url, model, run_dir, exe,
+                                        tokenizer=tokenizer, timeout_s=timeout_s,
+                                        detailed=detailed,
+                                        cores=local_client_cores(deployment, url))
     return _write_report(Report(
         plan=str(plan_path), url=url, gpus=deployment.gpus_used, settings=settings,
         command=tuple(command), rows=compare(predicted, result, deployment.gpus_used),
@@ -357,14 +365,19 @@ def run_bench(plan_path: str | Path, url: str, run_dir: str | Path, *,
 def measure(settings: BenchSettings, url: str, model: str, run_dir: Path, exe: Path, *,
             tokenizer: str | None = None, timeout_s: float | None = None,
             detailed: bool = False, result_file: str = RESULT_FILE,
-            cores: tuple[int, ...] | None = None) -> tuple[list[str], dict[str, Any]]:
+            cores: tuple[int, ...] | None = None) -> tuple[list[str], dict[str, Any],
+                                                           BenchSettings]:
     """Run `vllm bench serve` once with `settings` against `url`: (its command, its result
-    JSON), the JSON saved as run_dir/`result_file` and the output in run_dir/logs/; BenchError
-    quoting the log when it fails. `cores`: the client runs there only (beside a pinned CPU
-    deployment on this machine: `local_client_cores`)."""
+    JSON, the settings sent), the JSON saved as run_dir/`result_file` and the output in
+    run_dir/logs/; BenchError quoting the log when it fails. The prompts are written first
+    (`own_prompts`) unless the settings name a file. `cores`: the client runs there only
+    (beside a pinned CPU deployment on this machine: `local_client_cores`)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     result_path = run_dir / result_file
     result_path.unlink(missing_ok=True)
+    if settings.dataset_path is None:
+        settings = own_prompts(settings, run_dir / (Path(result_file).stem + ".prompts.jsonl"),
+                               exe, tokenizer or model)
     command = bench_command(settings, url, model, str(run_dir.resolve()), tokenizer=tokenizer,
                             exe=str(exe), detailed=detailed, result_file=result_file)
     log = run_dir / "logs" / (Path(result_file).stem + ".log")
@@ -384,7 +397,37 @@ def measure(settings: BenchSettings, url: str, model: str, run_dir: Path, exe: P
         result = json.loads(result_path.read_text())
     except ValueError as exc:
         raise BenchError(f"{result_path} is not JSON ({exc})") from None
-    return command, result
+    return command, result, settings
+
+
+def own_prompts(settings: BenchSettings, dest: Path, exe: Path, tokenizer: str) -> BenchSettings:
+    """`settings` sending prompts of their own, written to `dest` with the tokenizer by the
+    interpreter beside the engine executable `exe` (executor/prompts.py): vLLM's random dataset
+    repeats its prompts over a small vocabulary, and a repeat is a prefix-cache hit that no
+    prediction counts. Without such an interpreter, `settings` as they were, with a note.
+    BenchError when the writer fails."""
+    from executor.prompts import PromptError, write_prompts
+
+    python = Path(exe).parent / "python"
+    if not python.exists():
+        return replace(settings, notes=(*settings.notes, f"prompts: vLLM's random dataset (no "
+                                        f"interpreter beside {exe} to write prompts of their "
+                                        "own; over a small vocabulary its prompts repeat)"))
+    try:
+        summary = write_prompts(dest, tokenizer=tokenizer, python=python,
+                                num_prompts=settings.num_prompts, input_len=settings.input_len,
+                                output_len=settings.output_len,
+                                input_range=settings.input_range,
+                                output_range=settings.output_range,
+                                prefix_len=settings.prefix_len, seed=settings.seed)
+    except PromptError as exc:
+        raise BenchError(str(exc)) from None
+    note = (f"prompts: {summary['prompts']} of their own (executor/prompts.py, seed "
+            f"{settings.seed}, words from {summary['words']} tokens), not vLLM's random "
+            "dataset, whose prompts repeat over a small vocabulary")
+    if summary["mismatched"]:
+        note += f"; {summary['mismatched']} read back at another length than drawn"
+    return replace(settings, dataset_path=str(dest.resolve()), notes=(*settings.notes, note))
 
 
 def compare_file(plan_path: str | Path, result_path: str | Path, run_dir: str | Path, *,

@@ -250,10 +250,13 @@ def _point(plan_path: Path, run_dir: Path, load: float, traffic: Workload,
     results = []
     for k in range(repeats):  # each run with prompts of its own: a prompt sent again would
         # hit the prefix cache
-        command, got = measure(replace(settings, seed=settings.seed + REPEAT_SEEDS * k), url,
-                               model, folder if repeats == 1 else folder / f"run-{k + 1}", exe,
-                               timeout_s=timeout_s, cores=cores)
+        command, got, sent = measure(replace(settings, seed=settings.seed + REPEAT_SEEDS * k),
+                                     url, model,
+                                     folder if repeats == 1 else folder / f"run-{k + 1}", exe,
+                                     timeout_s=timeout_s, cores=cores)
         results.append(got)
+        if k == 0:
+            settings = sent
     result = results[0] if repeats == 1 else median_result(results)
     rows = compare(predicted, result, gpus)
     if keep is not None:

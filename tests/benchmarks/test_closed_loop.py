@@ -67,6 +67,8 @@ vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 400.0
 vllm:generation_tokens_total{engine="0",model_name="m"} 300.0
 vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.0
 vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 10.0
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 0.0
 """
 PROM_AFTER = """vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 14.0
 vllm:request_time_per_output_token_seconds_sum{engine="0",model_name="m"} 0.03
@@ -77,6 +79,8 @@ vllm:iteration_tokens_total_sum{engine="1",model_name="m"} 10.0
 vllm:generation_tokens_total{engine="0",model_name="m"} 400.0
 vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.04
 vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 14.0
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 2000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 128.0
 """
 
 
@@ -92,6 +96,8 @@ def test_engine_figures_are_the_means_between_two_reads():
     assert got["tpot_mean_ms"] == pytest.approx(2.5)
     assert got["queue_mean_ms"] == pytest.approx(10.0)
     assert got["prefill_mean_ms"] is None and got["itl_mean_ms"] is None
+    assert got["prefix_hit_rate"] == pytest.approx(128 / 1000)  # hits / lookups between reads
+    assert cl.engine_figures(before, before)["prefix_hit_rate"] is None
 
 
 def test_the_runs_of_a_workload_add_up_across_rounds():
@@ -132,7 +138,8 @@ def test_points_score_errors_against_the_measurement_and_the_targets():
                          "output_tok_s": None}, runs=3, streamed=0.25,
                  engine={"aggregated-0": {"tpot_mean_ms": 2.4, "queue_mean_ms": 1.0,
                                           "prefill_mean_ms": 4.0, "ttft_mean_ms": 7.0,
-                                          "generated_per_step": 3.5}}, load=(1.0, 1.5))
+                                          "generated_per_step": 3.5,
+                                          "prefix_hit_rate": 0.015}}, load=(1.0, 1.5))
     assert p.error("ttft_ms") == pytest.approx(0.15) and p.within("ttft_ms") is True
     assert p.error("tpot_ms") == pytest.approx(-0.08) and p.within("tpot_ms") is True
     assert replace(p, predicted={**p.predicted, "tpot_ms": 2.0}).within("tpot_ms") is False
@@ -148,7 +155,8 @@ def test_points_score_errors_against_the_measurement_and_the_targets():
     md = cl.to_markdown(report, [p])
     assert "| aggregated | 4 | 11.5 / 10 [8-12] (+15%) | 2.3 / 2.5 [2.5-2.5] (-8%) |" in md
     assert "| 90 / n/a (n/a) | yes / yes /  |" in md
-    assert "| aggregated | 4 | 16 x 3 | 25% | 2.3 / 2.4 (-4%) | 3.5 | 5 | 7 | 1.0 / 1.5 |" in md
+    assert "| aggregated | 4 | 16 x 3 | 25% | 2.3 / 2.4 (-4%) | 3.5 | 5 | 7 | 2% | 1.0 / 1.5 |" \
+        in md
     assert p.engine_tpot_error() == pytest.approx(2.3 / 2.4 - 1)
     assert "handoff not fitted" in md and "aggregated step overhead 1.50 ms" in md
 
@@ -251,12 +259,3 @@ def test_an_engine_that_ended_the_loop_is_named_with_its_exception(tmp_path):
     assert got == (f"{logs / 'prefill-0-h0.log'}: ValueError: Counters can only be "
                    "incremented by non-negative amounts.")
     assert cl.engine_failure(tmp_path / "nothing") is None
-
-
-def test_without_prefix_caching_turns_every_role_s_cache_off():
-    from planner.plan import load_plan_or_deployment
-
-    deployment, _ = load_plan_or_deployment(cl.PLANS["pd"])
-    off = cl.without_prefix_caching(deployment)
-    assert not off.prefill.prefix_caching and not off.decode.prefix_caching
-    assert deployment.prefill.prefix_caching  # the plan itself is left as it was

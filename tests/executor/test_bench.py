@@ -123,7 +123,8 @@ def test_run_bench_writes_both_reports(tmp_path):
     assert saved["gpus"] == 2 and saved["measured"]["completed"] == 8
     assert {r["metric"]: r["rel_error"] for r in saved["comparison"]}["ttft_ms.p90"] == \
         pytest.approx(150.0 / predicted["ttft_ms"]["p90"] - 1)
-    assert saved["notes"] == ["4 prompts instead of the plan's 8"]
+    assert saved["notes"][0] == "4 prompts instead of the plan's 8"
+    assert "random dataset" in saved["notes"][1]  # no interpreter beside the fake engine
     md = (run_dir / "report.md").read_text()
     assert "| ttft_ms.p90 |" in md and "closed loop, concurrency 4" in md
     assert report.paths == (run_dir / "report.json", run_dir / "report.md")

@@ -370,14 +370,14 @@ def measure(settings: BenchSettings, url: str, model: str, run_dir: Path, exe: P
     """Run `vllm bench serve` once with `settings` against `url`: (its command, its result
     JSON, the settings sent), the JSON saved as run_dir/`result_file` and the output in
     run_dir/logs/; BenchError quoting the log when it fails. The prompts are written first
-    (`own_prompts`) unless the settings name a file. `cores`: the client runs there only
+    (`with_prompt_file`) unless the settings name a file. `cores`: the client runs there only
     (beside a pinned CPU deployment on this machine: `local_client_cores`)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     result_path = run_dir / result_file
     result_path.unlink(missing_ok=True)
     if settings.dataset_path is None:
-        settings = own_prompts(settings, run_dir / (Path(result_file).stem + ".prompts.jsonl"),
-                               exe, tokenizer or model)
+        prompts = run_dir / (Path(result_file).stem + ".prompts.jsonl")
+        settings = with_prompt_file(settings, prompts, exe, tokenizer or model)
     command = bench_command(settings, url, model, str(run_dir.resolve()), tokenizer=tokenizer,
                             exe=str(exe), detailed=detailed, result_file=result_file)
     log = run_dir / "logs" / (Path(result_file).stem + ".log")
@@ -400,7 +400,8 @@ def measure(settings: BenchSettings, url: str, model: str, run_dir: Path, exe: P
     return command, result, settings
 
 
-def own_prompts(settings: BenchSettings, dest: Path, exe: Path, tokenizer: str) -> BenchSettings:
+def with_prompt_file(settings: BenchSettings, dest: Path, exe: Path,
+                     tokenizer: str) -> BenchSettings:
     """`settings` sending prompts of their own, written to `dest` with the tokenizer by the
     interpreter beside the engine executable `exe` (executor/prompts.py): vLLM's random dataset
     repeats its prompts over a small vocabulary, and a repeat is a prefix-cache hit that no

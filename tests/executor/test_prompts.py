@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from executor import tinymodel
-from executor.bench import BenchError, BenchSettings, own_prompts
+from executor.bench import BenchError, BenchSettings, with_prompt_file
 from executor.prompts import lengths, write_prompts
 from executor.tinymodel import ensure_tiny_model
 from tests.executor.local_helpers import fake_vllm
@@ -65,7 +65,7 @@ def test_bench_serve_is_sent_the_file_as_its_custom_dataset():
 
 def test_without_an_interpreter_beside_the_engine_the_random_dataset_is_noted(tmp_path):
     s = BenchSettings(input_len=64, output_len=8)
-    got = own_prompts(s, tmp_path / "p.jsonl", fake_vllm(tmp_path), "m")
+    got = with_prompt_file(s, tmp_path / "p.jsonl", fake_vllm(tmp_path), "m")
     assert got.dataset_path is None and "random dataset" in got.notes[-1]
     assert not (tmp_path / "p.jsonl").exists()
 
@@ -74,6 +74,6 @@ def test_a_writer_that_fails_is_a_bench_error_quoting_it(tmp_path):
     exe = fake_vllm(tmp_path)
     (tmp_path / "python").symlink_to(sys.executable)  # an interpreter, but no such tokenizer
     with pytest.raises(BenchError, match=r"writing prompts with tokenizer .*nope failed"):
-        own_prompts(BenchSettings(input_len=64, output_len=8), tmp_path / "p.jsonl", exe,
+        with_prompt_file(BenchSettings(input_len=64, output_len=8), tmp_path / "p.jsonl", exe,
                     str(tmp_path / "nope"))
     assert not list(tmp_path.glob("*.jsonl")) and not list(tmp_path.glob(".p.jsonl*"))

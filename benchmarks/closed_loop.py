@@ -413,8 +413,7 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
                  pd_step=_num(fit.get("pd_step_overhead_ms"), ".2f"),
                  pd_per=_num(fit.get("pd_step_overhead_per_seq_ms"), ".3f"),
                  handoff=("not fitted" if fit.get("handoff_ms") is None
-                          else f"{fit['handoff_ms']:.1f} ms ("
-                          f"{_num(fit.get('pd_handoff_serial_ms'), '.1f')} ms of it serial)")),
+                          else f"{fit['handoff_ms']:.1f} ms")),
              "- error = (predicted - measured) / measured; targets: TPOT and output throughput "
              "within {tpot:.0%}, TTFT within {ttft:.0%}".format(
                  tpot=TARGETS["tpot_ms"], ttft=TARGETS["ttft_ms"]), "",
@@ -665,8 +664,7 @@ class Loop:
                          "TPOT p50 (median of the runs) - simulated kernels = fixed + "
                          "per request x requests a step runs; api = TTFT p50 - simulated "
                          "(aggregated, first load), its serial part from the TTFT p50 at the "
-                         "other; handoff = P/D TTFT p50 - simulated (first load), its serial "
-                         "part from the P/D TTFT p50 at the other"}
+                         "other; handoff = P/D TTFT p50 - simulated"}
         if role == "aggregated":
             fitted, latencies = fit_serving(runs, False)
             self.fit.update(fitted, ttft_p50_ms=ttft)

@@ -105,36 +105,20 @@ def fit_overheads(engine_tpot_ms: float, ttft_p50_ms: float, simulate: Simulate,
 def fit_api_serial(ttft_p50_ms: float, simulate: Simulate, latencies: ServingOverhead) -> float:
     """How much of the API overhead the API server spends on each request one at a time: the
     share at which the simulated TTFT p50 of a run whose requests arrive together meets the
-    measured one (`_fit_serial`). Serial time moves the TTFT of requests that wait for each
-    other, not of a lone one, so the API overhead fitted at one user stands."""
-    return _fit_serial("api_serial_ms", latencies.api_overhead_ms, ttft_p50_ms, simulate,
-                       latencies)
-
-
-def fit_handoff_serial(ttft_p50_ms: float, simulate: Simulate,
-                       latencies: ServingOverhead) -> float:
-    """How much of the P/D handoff the decode rank spends on each handed-over request one at a
-    time, as `fit_api_serial` does for the API server: from a P/D run whose requests arrive
-    together, the handoff fitted at one user standing."""
-    return _fit_serial("handoff_serial_ms", latencies.handoff_ms, ttft_p50_ms, simulate,
-                       latencies)
-
-
-def _fit_serial(name: str, total: float, ttft_p50_ms: float, simulate: Simulate,
-                latencies: ServingOverhead) -> float:
-    """The part of a latency (`total` ms) that is serial, the latency field `name`: where the
-    simulated TTFT p50 meets the measured one (bisection; 0 when even a pure delay
-    over-predicts it, all of it when even fully serial work under-predicts it)."""
+    measured one (bisection; 0 when even a pure delay over-predicts it, all of it when even
+    fully serial work under-predicts it). Serial time moves the TTFT of requests that wait for
+    each other, not of a lone one, so the API overhead fitted at one user stands."""
     _check_ms("TTFT p50", ttft_p50_ms)
+    api = latencies.api_overhead_ms
 
     def ttft(serial: float) -> float:
-        return _ttft(simulate(replace(latencies, **{name: serial})))
+        return _ttft(simulate(replace(latencies, api_serial_ms=serial)))
 
-    if total <= 0 or ttft(0.0) >= ttft_p50_ms:
+    if api <= 0 or ttft(0.0) >= ttft_p50_ms:
         return 0.0
-    if ttft(total) <= ttft_p50_ms:
-        return total
-    lo, hi = 0.0, total
+    if ttft(api) <= ttft_p50_ms:
+        return api
+    lo, hi = 0.0, api
     for _ in range(SERIAL_STEPS):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ttft(mid) < ttft_p50_ms else (lo, mid)
@@ -158,8 +142,7 @@ def fit_serving(runs: Sequence[FitRun], disaggregated: bool,
     """The serving latencies from runs at one load or more, the lowest first: (what was
     fitted, the latencies to write). Aggregated: `fit_overheads`, the API server's serial part
     from the highest load when there are two. P/D: its own step overhead (`fit_step`), the API
-    latencies of `api` (an aggregated fit; None: none), the handoff at the lowest load and its
-    serial part (`fit_handoff_serial`) from the highest when there are two."""
+    latencies of `api` (an aggregated fit; None: none), and the handoff at the lowest load."""
     (tpot, ttft, sim), rest = runs[0], runs[1:]
     more = [(t, s) for t, _, s in rest]
     if not disaggregated:
@@ -167,8 +150,7 @@ def fit_serving(runs: Sequence[FitRun], disaggregated: bool,
         got = fit_overheads(tpot, ttft, sim, more, busy)
         latencies: dict[str, float | None] = {k: got.get(k, 0.0) for k in (
             "step_overhead_ms", "step_overhead_per_seq_ms", "api_overhead_ms", "api_serial_ms")}
-        # a handoff fitted before belongs to older latencies
-        latencies["handoff_ms"] = latencies["handoff_serial_ms"] = None
+        latencies["handoff_ms"] = None  # a handoff fitted before belongs to older latencies
         return got, latencies
     step = fit_step([(tpot, sim), *more])
     base = api or ServingOverhead()
@@ -176,13 +158,9 @@ def fit_serving(runs: Sequence[FitRun], disaggregated: bool,
                          step_overhead_ms=step["step_overhead_ms"],
                          step_overhead_per_seq_ms=step["step_overhead_per_seq_ms"])
     handoff = fit_handoff(ttft, pd, sim)
-    serial = fit_handoff_serial(rest[-1][1], rest[-1][2], replace(pd, handoff_ms=handoff)) \
-        if rest else 0.0
-    return ({**step, "api_overhead_ms": pd.api_overhead_ms, "handoff_ms": handoff,
-             "handoff_serial_ms": serial},
+    return ({**step, "api_overhead_ms": pd.api_overhead_ms, "handoff_ms": handoff},
             {"step_overhead_ms": pd.step_overhead_ms,
-             "step_overhead_per_seq_ms": pd.step_overhead_per_seq_ms, "handoff_ms": handoff,
-             "handoff_serial_ms": serial})
+             "step_overhead_per_seq_ms": pd.step_overhead_per_seq_ms, "handoff_ms": handoff})
 
 
 def _check_ms(what: str, value: float) -> None:

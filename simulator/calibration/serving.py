@@ -59,11 +59,6 @@ class ServingOverhead:
     time (measured on one's own engine; 0: a pure delay). A P/D request spends it at the
     prefill instance's API server and again at the decode instance's, which takes the request
     in anew from the proxy."""
-    handoff_serial_ms: float = 0.0
-    """The part of the P/D handoff a decode rank spends on each handed-over request one at a
-    time (measured on one's own engine; 0: a pure delay): vLLM's file-based handoff
-    (ExampleConnector, the CPU build's) loads a request's KV inside the decode engine's step,
-    so requests handed over together wait for each other."""
 
     def api_ms(self, computed_tokens: float) -> float:
         """Arrival to scheduler for a prompt of which `computed_tokens` are not cached."""
@@ -167,8 +162,7 @@ kernel tables (benchmarks/closed_loop.py fits and writes them). While that folde
 calibration they are preferred to the shipped fit for the hardware and engine they name."""
 USER_FORMAT = 1
 FIELDS = ("api_overhead_ms", "step_overhead_ms", "handoff_ms", "step_overhead_per_seq_ms",
-          "api_serial_ms", "api_per_ktoken_ms", "step_overhead_per_layer_ms",
-          "handoff_serial_ms")
+          "api_serial_ms", "api_per_ktoken_ms", "step_overhead_per_layer_ms")
 DISAGGREGATED = "disaggregated"
 """The key of an engine entry's sub-entry measured on a P/D deployment: its latencies are
 preferred for P/D plans (on a small host the decode engine's API server may share its core, so
@@ -232,8 +226,7 @@ def user_serving_overhead(folder: Path, hardware: str, engine: str, disaggregate
         handoff_ms=0.0 if not disaggregated else (
             base.handoff_ms if got["handoff_ms"] is None else float(got["handoff_ms"])),
         step_overhead_per_seq_ms=float(got["step_overhead_per_seq_ms"] or 0.0),
-        api_serial_ms=float(got["api_serial_ms"] or 0.0),
-        handoff_serial_ms=float(got["handoff_serial_ms"] or 0.0) if disaggregated else 0.0)
+        api_serial_ms=float(got["api_serial_ms"] or 0.0))
 
 
 def write_user_serving_overhead(folder: Path, hardware: str, engine: str,

@@ -86,10 +86,6 @@ class SimOptions:
     handoff_ms: float = 0.0
     """P/D: fixed latency of a prefill-to-decode handoff besides moving the KV bytes (proxy
     hop, transfer setup, the decode side picking the request up)."""
-    handoff_serial_ms: float = 0.0
-    """P/D: the part of `handoff_ms` the decode rank spends on each handed-over request one at
-    a time (requests handed over together wait for each other there); 0: all of it is a pure
-    delay."""
     dp_wait_every: int = 32
     """`dp_imbalance`: an instance prices how long its DP ranks wait for the one with the most
     attention work on its first step and every this-many-th after it, scaled to all its steps
@@ -114,8 +110,7 @@ class SimOptions:
                    step_overhead_ms=overhead.step_overhead_ms,
                    step_overhead_per_seq_ms=overhead.step_overhead_per_seq_ms,
                    step_overhead_per_layer_ms=overhead.step_overhead_per_layer_ms,
-                   handoff_ms=overhead.handoff_ms,
-                   handoff_serial_ms=overhead.handoff_serial_ms)
+                   handoff_ms=overhead.handoff_ms)
 
 
 def simulate(deployment: Deployment, workload: Workload, *,
@@ -209,8 +204,6 @@ class _Run:
         """Request id -> the prefill instance and rank holding its KV until the transfer."""
         self._api_free: dict[int, float] = {}
         """id(an instance) -> when its API server is done with the requests it has."""
-        self._handoff_free: dict[tuple[int, int], float] = {}
-        """(id(a decode instance), rank) -> when it is done with the handoffs it has."""
         self._done = 0
         self._reported = -1
 
@@ -471,26 +464,13 @@ class _Run:
 
         def arrived(event: simpy.Event) -> None:
             prefill.release(prefill_rank, rid)
-            serial = min(self.opts.handoff_serial_ms, self.opts.handoff_ms) / 1e3
-            delay = self.opts.handoff_ms / 1e3 - serial
-            if serial > 0:  # the pure delay, then the rank's one-at-a-time part
-                self.env.timeout(delay).callbacks.append(
-                    lambda _: self._handoff_serial(engine, rank, serial, activate))
-            elif delay > 0:
-                self.env.timeout(delay).callbacks.append(activate)
+            handoff = self.opts.handoff_ms / 1e3
+            if handoff > 0:
+                self.env.timeout(handoff).callbacks.append(activate)
             else:
                 activate(event)
 
         self.network.send(prefill.name, engine.name, nbytes).callbacks.append(arrived)
-
-    def _handoff_serial(self, engine: DecodeEngine, rank: int, serial: float,
-                        then: Callable[[simpy.Event], None]) -> None:
-        """`then` once the decode rank has done its serial part of a handoff, after those it
-        already has (first come, first served)."""
-        now, key = self.env.now, (id(engine), rank)
-        done = max(now, self._handoff_free.get(key, now)) + serial
-        self._handoff_free[key] = done
-        self.env.timeout(done - now).callbacks.append(then)
 
     def finished(self, rid: int) -> None:
         self._done += 1

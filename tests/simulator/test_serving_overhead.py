@@ -33,7 +33,7 @@ def folder(tmp_path):
     """A calibration folder holding measured CPU latencies for vLLM (no tables needed)."""
     write_user_serving_overhead(tmp_path, "cpu", "vllm",
                                 {"step_overhead_ms": 1.5, "api_overhead_ms": 20.0,
-                                 "handoff_ms": 40.0, "handoff_serial_ms": 6.0}, ABOUT)
+                                 "handoff_ms": 40.0}, ABOUT)
     return tmp_path
 
 
@@ -42,7 +42,7 @@ def test_measured_latencies_round_trip_and_only_pd_pays_the_handoff(folder):
     pd_ = user_serving_overhead(folder, "cpu", "vllm", True)
     assert agg is not None and pd_ is not None
     assert (agg.step_overhead_ms, agg.api_overhead_ms, agg.handoff_ms) == (1.5, 20.0, 0.0)
-    assert (pd_.handoff_ms, pd_.handoff_serial_ms, agg.handoff_serial_ms) == (40.0, 6.0, 0.0)
+    assert pd_.handoff_ms == 40.0
     data = json.loads((folder / USER_FILE).read_text())
     assert data["hardware"]["cpu"]["vllm"]["command"] == "test"
 
@@ -213,54 +213,6 @@ def test_a_pd_request_passes_the_decode_instances_api_server_too():
 
     assert ttft(8.0) - ttft(0.0) == pytest.approx(8.0, abs=0.01)
     assert ttft(3.0) - ttft(0.0) == pytest.approx(3.0, abs=0.01)
-
-
-def test_handoffs_arriving_together_wait_for_each_other_at_the_decode_rank():
-    """The serial part of the P/D handoff is spent one handed-over request at a time at the
-    decode rank (vLLM's file handoff loads the KV inside the decode engine's step): a lone user
-    sees the handoff alike either way; four users prefilled together reach decoding up to
-    three serial times apart, and later than with a pure delay."""
-    from simulator.des import SimOptions, simulate
-    from simulator.specs.loading import load_workload
-
-    dep = load_deployment(PD)
-
-    def ttfts(users: int, serial: float) -> list[float]:
-        w = load_workload({"arrival": {"kind": "closed", "concurrency": users},
-                           "requests": users, "input_tokens": {"kind": "fixed", "value": 64},
-                           "output_tokens": {"kind": "fixed", "value": 4}})
-        res = simulate(dep, w, options=SimOptions(handoff_ms=10.0, handoff_serial_ms=serial))
-        steps.append(float(res.metrics()["tpot_ms"]["p50"]))
-        return sorted(float(t) * 1e3 for t in res.ttft_s)
-
-    steps: list[float] = []
-    assert ttfts(1, 6.0) == pytest.approx(ttfts(1, 0.0), abs=0.01)
-    apart, queued = ttfts(4, 0.0), ttfts(4, 6.0)
-    assert queued[0] == pytest.approx(apart[0], abs=0.5)
-    # the last waits three serial parts, and then for a decode step to take it (two at most:
-    # the engine plans a step ahead)
-    assert 3 * 6.0 <= queued[-1] - apart[-1] <= 3 * 6.0 + 2 * max(steps)
-    assert ttfts(4, 30.0) == pytest.approx(ttfts(4, 10.0))  # no more than the handoff
-
-
-def test_a_pd_fit_takes_the_handoff_s_serial_part_from_its_busier_load():
-    from kernels.from_run import fit_handoff_serial, fit_serving
-
-    def simulate(o):  # the median of four handed over together waits 1.5 serial times
-        return {"ttft_ms": {"p50": 5.0 + o.api_overhead_ms + o.handoff_ms
-                            + 1.5 * o.handoff_serial_ms},
-                "tpot_ms": {"p50": 2.0}}
-
-    base = ServingOverhead(api_overhead_ms=4.0, handoff_ms=10.0)
-    assert fit_handoff_serial(25.0, simulate, base) == pytest.approx(4.0, abs=1e-3)
-    assert fit_handoff_serial(18.0, simulate, base) == 0.0
-    assert fit_handoff_serial(99.0, simulate, base) == 10.0
-    got, written = fit_serving([(2.5, 19.0, simulate), (3.0, 25.0, simulate)], True,
-                               ServingOverhead(api_overhead_ms=4.0))
-    assert got["handoff_ms"] == pytest.approx(10.0)  # 19 - 5 - 4, at the first load
-    assert written["handoff_serial_ms"] == pytest.approx(4.0, abs=1e-3)
-    one, _ = fit_serving([(2.5, 19.0, simulate)], True, ServingOverhead(api_overhead_ms=4.0))
-    assert one["handoff_serial_ms"] == 0.0  # no busier load: a pure delay
 
 
 def test_the_serial_part_is_fitted_where_requests_arrive_together():

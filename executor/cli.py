@@ -103,7 +103,14 @@ def register(sub: Any) -> None:
                           "hangs from (default inference-gateway)")
     p.set_defaults(func=cmd_deploy)
 
-    p = sub.add_parser("bench", help="measure a running deployment and compare with the plan")
+    p = sub.add_parser(
+        "bench", help="measure a running deployment and compare with the plan",
+        description="Run `vllm bench serve` with the plan's workload against a deployment and "
+                    "set its TTFT, TPOT, ITL and throughput beside the plan's prediction. Each "
+                    "run's prompts are written first with the engine's tokenizer "
+                    "(executor/prompts.py: the lengths vLLM's random dataset draws, no two "
+                    "prompts alike, none like another run's), so that no prompt is served "
+                    "from a prefix cache that the prediction does not count.")
     p.add_argument("plan", help="plan.yaml (its workload and predicted metrics)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--url", help="the deployment's router (default: the local router, "

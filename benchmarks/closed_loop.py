@@ -311,20 +311,33 @@ def _yes(v: bool | None) -> str:
     return "" if v is None else ("yes" if v else "no")
 
 
+def _pair(a: float | None, b: float | None) -> str:
+    return "" if a is None and b is None else f"{_num(a)} / {_num(b)}"
+
+
 def _share(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0%}"
 
 
 def engine_view(point: Point) -> dict[str, Any]:
     """The engine figures of the instance that decodes (TPOT, tokens per step) and of the one
-    that prefills (queue, prefill, the API server's TTFT), for the tables."""
+    that prefills (queue, prefill, the API server's TTFT), for the tables; on P/D also the
+    decode instance's queue and first step of a handed-over request (its KV loaded, its tail
+    computed) and its API server's TTFT, which the P/D TTFT adds to the prefill's."""
     decode = next((v for k, v in point.engine.items() if not k.startswith("prefill")), {})
     prefill = next((v for k, v in point.engine.items() if not k.startswith("decode")), {})
-    queue, pre = prefill.get("queue_mean_ms"), prefill.get("prefill_mean_ms")
+
+    def queue_prefill(e: Mapping[str, Any]) -> float | None:
+        queue, pre = e.get("queue_mean_ms"), e.get("prefill_mean_ms")
+        return None if queue is None or pre is None else queue + pre
+
+    apart = decode is not prefill
     return {"tpot_mean_ms": decode.get("tpot_mean_ms"),
             "generated_per_step": decode.get("generated_per_step"),
-            "queue_prefill_mean_ms": None if queue is None or pre is None else queue + pre,
+            "queue_prefill_mean_ms": queue_prefill(prefill),
             "api_ttft_mean_ms": prefill.get("ttft_mean_ms"),
+            "decode_queue_first_mean_ms": queue_prefill(decode) if apart else None,
+            "decode_api_ttft_mean_ms": decode.get("ttft_mean_ms") if apart else None,
             "prefix_hit_rate": prefill.get("prefix_hit_rate")}
 
 
@@ -434,8 +447,9 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
                   "how the tokens reached the client:", "",
               "| plan | conc. | prompts x runs | streamed tokens | TPOT ms: pred / engine (err) | "
               "engine decode batch | engine queue + prefill ms | API-server TTFT ms | "
+              "P/D decode engine: queue + first step / API-server TTFT ms | "
               "prefix-cache hits | load before / after |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for p in points:
         if not p.engine:  # an isolated-role bench: its report has the client's figures only
             continue
@@ -445,6 +459,7 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
                      f"{_num(e['tpot_mean_ms'])} ({_err(p.engine_tpot_error())}) | "
                      f"{_num(e['generated_per_step'])} | "
                      f"{_num(e['queue_prefill_mean_ms'])} | {_num(e['api_ttft_mean_ms'])} | "
+                     f"{_pair(e['decode_queue_first_mean_ms'], e['decode_api_ttft_mean_ms'])} | "
                      f"{_share(e['prefix_hit_rate'])} | {p.load[0]:.1f} / {p.load[1]:.1f} |")
     return "\n".join(lines) + "\n"
 

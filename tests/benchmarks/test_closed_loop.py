@@ -155,10 +155,31 @@ def test_points_score_errors_against_the_measurement_and_the_targets():
     md = cl.to_markdown(report, [p])
     assert "| aggregated | 4 | 11.5 / 10 [8-12] (+15%) | 2.3 / 2.5 [2.5-2.5] (-8%) |" in md
     assert "| 90 / n/a (n/a) | yes / yes /  |" in md
-    assert "| aggregated | 4 | 16 x 3 | 25% | 2.3 / 2.4 (-4%) | 3.5 | 5 | 7 | 2% | 1.0 / 1.5 |" \
+    assert "| aggregated | 4 | 16 x 3 | 25% | 2.3 / 2.4 (-4%) | 3.5 | 5 | 7 |  | 2% | 1.0 / 1.5 |" \
         in md
     assert p.engine_tpot_error() == pytest.approx(2.3 / 2.4 - 1)
     assert "handoff not fitted" in md and "aggregated step overhead 1.50 ms" in md
+
+
+def test_a_pd_point_shows_each_engine_s_part_of_the_first_token():
+    """On P/D the prefill instance's queue + prefill and API-server TTFT, and the decode
+    instance's queue + first step (the handed-over KV loaded, the tail computed) and its own."""
+    p = cl.Point("pd", 4, 64, predicted={"ttft_ms": 29.0, "tpot_ms": 3.6, "itl_ms": 3.6,
+                                          "output_tok_s": 990.0},
+                 measured={"ttft_ms": 38.4, "tpot_ms": 3.5, "itl_ms": 3.4, "output_tok_s": 985.0},
+                 runs=5, streamed=1.0, load=(2.4, 2.3),
+                 engine={"prefill-0": {"queue_mean_ms": 1.5, "prefill_mean_ms": 8.4,
+                                       "ttft_mean_ms": 15.7, "prefix_hit_rate": 0.0},
+                         "decode-0": {"tpot_mean_ms": 3.66, "generated_per_step": 3.83,
+                                      "queue_mean_ms": 2.0, "prefill_mean_ms": 7.0,
+                                      "ttft_mean_ms": 12.0, "prefix_hit_rate": 0.0}})
+    view = cl.engine_view(p)
+    assert view["queue_prefill_mean_ms"] == pytest.approx(9.9)
+    assert (view["decode_queue_first_mean_ms"], view["decode_api_ttft_mean_ms"]) == (9.0, 12.0)
+    report = {"date": "2026-12-05", "machine": {"cpus": 2, "gpu": None, "engine": "0.32.0+cpu"},
+              "calibration": {"source": "reused (full sweep)", "threads": 1},
+              "settings": vars(cl.Settings()), "fit": {}}
+    assert "| 3.83 | 9.9 | 15.7 | 9 / 12 | 0% |" in cl.to_markdown(report, [p])
 
 
 def test_the_core_probe_times_each_core_and_gives_the_process_its_cores_back():

@@ -247,16 +247,14 @@ def _point(plan_path: Path, run_dir: Path, load: float, traffic: Workload,
            cores: tuple[int, ...] | None = None, repeats: int = 1) -> Report:
     settings = bench_settings(traffic, num_prompts)
     folder = run_dir / f"load-{load:g}"
-    results = []
-    for k in range(repeats):  # each run with prompts of its own: a prompt sent again would
-        # hit the prefix cache
-        command, got, sent = measure(replace(settings, seed=settings.seed + REPEAT_SEEDS * k),
-                                     url, model,
-                                     folder if repeats == 1 else folder / f"run-{k + 1}", exe,
-                                     timeout_s=timeout_s, cores=cores)
-        results.append(got)
-        if k == 0:
-            settings = sent
+    runs = [  # each run with prompts of its own (its seed, its file): a prompt sent again
+        # would hit the prefix cache
+        measure(replace(settings, seed=settings.seed + REPEAT_SEEDS * k), url, model,
+                folder if repeats == 1 else folder / f"run-{k + 1}", exe, timeout_s=timeout_s,
+                cores=cores)
+        for k in range(repeats)]
+    command, _, settings = runs[0]  # the report's settings and command: the first run's
+    results = [got for _, got, _ in runs]
     result = results[0] if repeats == 1 else median_result(results)
     rows = compare(predicted, result, gpus)
     if keep is not None:

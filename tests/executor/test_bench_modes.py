@@ -138,6 +138,33 @@ def test_repeated_runs_of_a_load_send_prompts_of_their_own_and_compare_their_med
     assert tpot["measured"] == pytest.approx(BENCH_RESULT["median_tpot_ms"])
 
 
+def test_each_repeated_run_writes_prompts_of_its_own(tmp_path, monkeypatch):
+    """A run's prompt file is its own: the next run is sent its own seed and no file, so that
+    `measure` writes it new prompts (a file sent again would be served from the cache)."""
+    from dataclasses import replace
+
+    from executor import sweep
+    from simulator.specs.loading import load_workload
+
+    sent = []
+
+    def measure(settings, url, model, run_dir, exe, **_):
+        sent.append(settings)
+        return ["vllm", "bench"], dict(BENCH_RESULT), replace(
+            settings, dataset_path=str(run_dir / "bench.prompts.jsonl"))
+
+    monkeypatch.setattr(sweep, "measure", measure)
+    traffic = load_workload({"arrival": {"kind": "closed", "concurrency": 2}, "requests": 8,
+                             "input_tokens": {"kind": "fixed", "value": 64},
+                             "output_tokens": {"kind": "fixed", "value": 8}})
+    report = sweep._point(TINY_PD, tmp_path, 2, traffic, {}, "http://127.0.0.1:9", "m",
+                          tmp_path / "vllm", 2, None, None, "serve", repeats=3)
+    assert [(s.seed, s.dataset_path) for s in sent] == [(0, None), (1000, None), (2000, None)]
+    assert report.settings is not None
+    assert report.settings.dataset_path == str(tmp_path / "load-2" / "run-1" /
+                                               "bench.prompts.jsonl")
+
+
 def test_the_median_of_runs_takes_each_figure_the_runs_all_give():
     runs = [{"median_tpot_ms": t, "completed": n, "date": d, "itls": [[0.1]], "odd": o}
             for t, n, d, o in ((12.0, 8, "a", 1.0), (10.0, 8, "b", None), (30.0, 7, "c", 2.0))]

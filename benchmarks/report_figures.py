@@ -148,6 +148,8 @@ def _prefill(s: Subject, dep: int, key: str) -> float:
     return float(_PREFILL_RUNS[s.model, dep][key])
 
 
+WAIT_NOTE = ("GPU time ranks wait for a busier rank's own work: attention, mHC, shared "
+             "experts, router, logits")
 RACK_LAYOUTS = ((20, 2, 16), (12, 3, 16), (20, 1, 32))
 """(prefill DEP2 instances, decode instances, decode DEP) of the rack layouts tried: all 72
 GPUs, the report's DEP2 prefill, decode at 256 sequences per rank with the model's draft tokens
@@ -252,10 +254,10 @@ FIGURES = [
            lambda s: "the two simulate lines above"),
     Figure("prefill-only: DP imbalance cost, DEP2", 0.059, "share",
            lambda s: _prefill(s, 2, "dp_imbalance"), _simulate(2, "dp_imbalance"),
-           "GPU time ranks wait for a busier rank's attention"),
+           WAIT_NOTE),
     Figure("prefill-only: DP imbalance cost, DEP4", 0.136, "share",
            lambda s: _prefill(s, 4, "dp_imbalance"), _simulate(4, "dp_imbalance"),
-           "GPU time ranks wait for a busier rank's attention"),
+           WAIT_NOTE),
     Figure("8K prefill on 2 GPUs, no prior context", 87.9, "ms",
            lambda s: _step(s.narrow, "prefill", 1, 4096)["total_ms"],
            lambda s: f"rackplan step {s.narrow} --role prefill --batch 1 --context 4096 --json",

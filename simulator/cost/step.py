@@ -8,7 +8,7 @@ slowest rank costs, and the MoE costs what the most-loaded EP rank costs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -324,7 +324,7 @@ def _replays(inst: Instance, tokens: np.ndarray, pre_tok: np.ndarray) -> bool:
 
 def step_replays(inst: Instance, batch: Batch) -> bool:
     """`_replays` of a whole step (the decision a rank's attention in it depends on besides its
-    own row: `rank_attention_ms`'s `replay`)."""
+    own row: `rank_work_ms`'s `replay`)."""
     dec_b, _, pre_tok, _, _ = _rank_columns(batch, inst.dp)
     return _replays(inst, dec_b * (1 + inst.spec_tokens) + pre_tok, pre_tok)
 
@@ -474,15 +474,83 @@ def _distinct_ranks(*columns: np.ndarray) -> np.ndarray | slice:
     return slice(None) if len(first) == n else np.fromiter(first.values(), dtype=np.intp)
 
 
-def rank_attention_ms(inst: Instance, batch: Batch, cal: Calibration,
-                      replay: bool | None = None) -> np.ndarray:
-    """Each rank's ms of every attention layer for `batch` (the step waits for the largest).
-    A rank's depends on its own row and on the step's `replay` decision (`step_replays`),
-    given when the rows are not one whole step."""
+def _rank_local(inst: Instance, cal: Calibration, tokens: np.ndarray,
+                groups: list[tuple[int, int, np.ndarray]]
+                ) -> Iterator[tuple[str, str, Priced, np.ndarray]]:
+    """The work outside attention that each DP rank computes on its own tokens, between two
+    exchanges: (category, part, its pricing, ms of all its layers per rank) for mHC, Engram,
+    the dense MLP layers, the shared experts and the router, in the order a step books them.
+    A step charges each part's slowest rank; a rank with less waits for it (`rank_work_ms`)."""
+    m = inst.model
+    # the tokens a TP rank keeps outside attention: 1/tp of them with sequence parallelism
+    sp = sequence_parallel(inst)
+    shard: Callable[[np.ndarray], np.ndarray] = (
+        (lambda w: np.ceil(w / inst.tp)) if sp else (lambda w: w))
+    if m.hc_mult > 1:  # V4 hyper-connections: pre and post mixing around both sublayers
+        for layers, _, work in groups:
+            mhc = cal.mhc(shard(work), m.hidden, m.hc_mult, m.hc_sinkhorn_iters)
+            yield "other", "mhc", mhc, layers * mhc.ms
+    if m.engram_layers:  # V4.1 Engram: project the gathered n-gram rows (in encoder layers;
+        # the gathers come from host memory ahead of use, on a side stream)
+        eng = cal.gemm(tokens, (m.hc_mult + 1) * m.hidden // inst.tp, m.engram_key_width(),
+                       inst.weights)
+        yield "other", "engram", eng, m.engram_layers * eng.ms
+
+    # Dense MLP layers and the shared experts run on each rank's own tokens.
+    if m.dense_layers:
+        inter = m.dense_intermediate // inst.tp
+        up = cal.gemm(tokens, 2 * inter, m.hidden, inst.weights)
+        down = cal.gemm(tokens, m.hidden, inter, inst.weights)
+        yield "dense", "dense_mlp", up, m.dense_layers * (up.ms + down.ms)
+    moe_layers = m.moe_layers if m.is_moe else 0
+    if moe_layers and m.n_shared_experts:
+        inter = m.n_shared_experts * m.moe_intermediate // inst.tp
+        for _, moe, work in groups:
+            up = cal.gemm(work, 2 * inter, m.hidden, inst.weights)
+            down = cal.gemm(work, m.hidden, inter, inst.weights)
+            yield "moe", "shared_experts", up, moe * (up.ms + down.ms)
+    if moe_layers:  # the router
+        hashed = m.hash_layers  # hash-routed layers (V4, the first ones) look their experts
+        for _, moe, work in groups:  # up by token id: no gate GEMM
+            router = cal.gemm(shard(work), m.n_routed_experts, m.hidden, "bf16")
+            gated = max(moe - hashed, 0)
+            hashed = max(hashed - moe, 0)
+            yield "moe", "router", router, gated * router.ms
+
+
+def rank_work_ms(inst: Instance, batch: Batch, cal: Calibration, replay: bool | None = None,
+                 shared: bool | None = None) -> np.ndarray:
+    """Each DP rank's ms of the work it computes on its own tokens in `batch`: every attention
+    layer, mHC, Engram, dense MLP layers, shared experts (unless they run on a second stream
+    beside the routed path), router and logits. Lock-step ranks meet at every exchange, so a
+    rank with less of this work waits for the one with the most. A rank's figure depends on
+    its own row and on the step's `replay` (`step_replays`) and `shared` (`step_shares`)
+    decisions, given when the rows are not one whole step."""
     cols = _rank_columns(batch, inst.dp)
     dec_b, _, pre_tok, pre_req, _ = cols
-    tail = _tail(inst, dec_b * (1 + inst.spec_tokens) + pre_tok, pre_tok, pre_req, replay)
-    return _attention(inst, cal, *cols, _Ledger(), tail)
+    spec = inst.spec_tokens
+    tokens = dec_b * (1 + spec) + pre_tok
+    tail = _tail(inst, tokens, pre_tok, pre_req, replay)
+    ms = _attention(inst, cal, *cols, _Ledger(), tail)
+    if shared is None:
+        shared = step_shares(inst, batch, cal.engine)
+    for _, part, _, part_ms in _rank_local(inst, cal, tokens, _groups(inst, tokens, pre_tok,
+                                                                       tail)):
+        if not (shared and part == "shared_experts"):
+            ms = ms + part_ms
+    head = cal.gemm(dec_b * (1 + spec) + pre_req, inst.model.vocab // inst.tp,
+                    inst.model.hidden, "bf16")
+    out: np.ndarray = ms + head.ms
+    return out
+
+
+def step_shares(inst: Instance, batch: Batch, engine: str) -> bool:
+    """Whether `engine` runs the shared experts of the whole step `batch` on a second stream
+    (`shared_stream`: decided by the busiest rank's tokens)."""
+    dec_b, _, pre_tok, _, _ = _rank_columns(batch, inst.dp)
+    tokens = dec_b * (1 + inst.spec_tokens) + pre_tok
+    return shared_stream(inst, engine, float(tokens.max()),
+                         bool(dec_b.sum() > 0 and pre_tok.sum() == 0))
 
 
 def open_step(inst: Instance, batch: Batch, cal: Calibration) -> OpenStep:
@@ -610,50 +678,21 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
                       pre_req[distinct], pre_ctx[distinct], led,
                       None if tail is None else tail[distinct])
     _charge_parts(led, "attention", "attention.", float(attn.max()))
-    # the tokens a TP rank keeps outside attention: 1/tp of them with sequence parallelism
-    sp = sequence_parallel(inst)
-    shard: Callable[[np.ndarray], np.ndarray] = (
-        (lambda w: np.ceil(w / inst.tp)) if sp else (lambda w: w))
-    if m.hc_mult > 1:  # V4 hyper-connections: pre and post mixing around both sublayers
-        for layers, _, work in groups:
-            mhc = cal.mhc(shard(work), m.hidden, m.hc_mult, m.hc_sinkhorn_iters)
-            led.add("other", "mhc", mhc, layers * float(mhc.ms.max()))
-    if m.engram_layers:  # V4.1 Engram: project the gathered n-gram rows (in encoder layers;
-        # the gathers come from host memory ahead of use, on a side stream)
-        eng = cal.gemm(tokens, (m.hc_mult + 1) * m.hidden // inst.tp, m.engram_key_width(),
-                       inst.weights)
-        led.add("other", "engram", eng, m.engram_layers * float(eng.ms.max()))
-
-    # Dense MLP layers and the shared experts run on each rank's own tokens.
-    if m.dense_layers:
-        inter = m.dense_intermediate // inst.tp
-        up = cal.gemm(tokens, 2 * inter, m.hidden, inst.weights)
-        down = cal.gemm(tokens, m.hidden, inter, inst.weights)
-        led.add("dense", "dense_mlp", up, m.dense_layers * float((up.ms + down.ms).max()))
+    for category, part, priced, ms in _rank_local(inst, cal, tokens, groups):
+        led.add(category, part, priced, float(ms.max()))
     moe_layers = m.moe_layers if m.is_moe else 0
-    if moe_layers and m.n_shared_experts:
-        inter = m.n_shared_experts * m.moe_intermediate // inst.tp
-        for _, moe, work in groups:
-            up = cal.gemm(work, 2 * inter, m.hidden, inst.weights)
-            down = cal.gemm(work, m.hidden, inter, inst.weights)
-            led.add("moe", "shared_experts", up, moe * float((up.ms + down.ms).max()))
 
-    # The router; the routed experts are priced by `_close`, after everything else.
+    # The routed experts are priced by `_close`, after everything else.
     ep = inst.ep
     even = float(tokens.sum() * m.top_k / ep)
     if moe_layers:
-        hashed = m.hash_layers  # hash-routed layers (V4, the first ones) look their experts
-        for _, moe, work in groups:  # up by token id: no gate GEMM
-            router = cal.gemm(shard(work), m.n_routed_experts, m.hidden, "bf16")
-            gated = max(moe - hashed, 0)
-            hashed = max(hashed - moe, 0)
-            led.add("moe", "router", router, gated * float(router.ms.max()))
         led.parts["routed_experts"], led.provenance["routed_experts"] = 0.0, ""  # its place
         if ep > 1 and dp > 1 and not inst.mega_moe:  # DP ranks exchange tokens; a TP group
             # already holds them all, and MegaMoE exchanges them inside its kernel
             for _, moe, work in groups:
                 _token_exchange(inst, cal, work, moe, led)
-    if sp:  # attention's input gathered from the token shards, its output scattered back
+    if sequence_parallel(inst):  # attention's input gathered from the token shards, its
+        # output scattered back
         for layers, _, work in groups:
             for op in ("all_gather", "reduce_scatter"):
                 c = cal.collective(op, work.max() * m.hidden * 2, inst.tp, inst.a2a_bandwidth)

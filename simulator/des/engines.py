@@ -347,7 +347,7 @@ class Engine:
     def _dp_wait(self, plan: StepPlan, steps: int) -> None:
         """Count `steps` steps of `plan`, and for the first and every `dp_wait_every`-th after
         it among them, keep its ranks' rows to price how long they wait for the one with the
-        most attention work. The wait is a metric the run does not depend on, so the kept
+        most work of its own. The wait is a metric the run does not depend on, so the kept
         steps are priced together, WAITS_HELD at a time and at the end (`settle_dp_waits`)."""
         every, first = self.shared.dp_wait_every, self._steps
         sampled = (first + steps - 1) // every - (first - 1) // every  # multiples of `every`
@@ -368,7 +368,7 @@ class Engine:
             return
         held, counts = self._waits, self._sampled
         self._waits, self._sampled = {}, Counter()
-        waits = self.pricer.attention_waits(list(held.values()))
+        waits = self.pricer.dp_waits(list(held.values()))
         self.shared.recorder.dp_waits(self.name, [(w, counts[k]) for w, k in
                                                   zip(waits, held, strict=True)])
 

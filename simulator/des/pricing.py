@@ -47,8 +47,9 @@ from simulator.cost.step import (
     OpenStep,
     close_step,
     open_step,
-    rank_attention_ms,
+    rank_work_ms,
     step_replays,
+    step_shares,
 )
 
 
@@ -107,7 +108,7 @@ ROWS_ENTRIES = 200_000
 """Prices one pricer keeps by its steps' rows as they came; past it, it starts afresh."""
 
 WAIT_ROWS = 16_384
-"""Ranks' rows `attention_waits` prices in one vectorised call."""
+"""Ranks' rows `dp_waits` prices in one vectorised call."""
 
 SHARED_ENTRIES = 400_000
 """Prices one calibration's shared memo keeps; a pricer created when it holds more starts it
@@ -160,9 +161,10 @@ class StepPricer:
         self._rows: dict[tuple[bytes, float], StepTime] = {}
         """The same prices by the rounded rows before the front is taken (rank order kept)."""
         self._waits: dict[bytes, float] = {}
-        """Attention waits by the rounded rows (`attention_wait`)."""
+        """DP waits by the rounded rows (`dp_wait`)."""
         self._rank_ms: dict[bytes, float] = {}
-        """One rank's attention ms by its rounded row (a rank's depends on its row alone)."""
+        """One rank's own work in ms by its rounded row and its step's decisions
+        (`rank_work_ms`)."""
         self._shared, self._shared_opened, self._ops = _shared_memo(calibration)
         self._key = instance_key(instance)
         self._ep = instance.ep > 1
@@ -224,25 +226,26 @@ class StepPricer:
                         prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
                         prefill_context: np.ndarray) -> np.ndarray:
         """A step's per-rank figures rounded to `bits` significant bits, one column per rank:
-        what `price` looks steps up by, and what `attention_waits` takes."""
+        what `price` looks steps up by, and what `dp_waits` takes."""
         return cast(np.ndarray, round_bits(np.array([decode_requests, decode_context,
                                                      prefill_tokens, prefill_requests,
                                                      prefill_context]), self.bits))
 
-    def attention_wait(self, decode_requests: np.ndarray, decode_context: np.ndarray,
-                       prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
-                       prefill_context: np.ndarray) -> float:
-        """GPU-ms the DP ranks of a step wait for the rank with the most attention work: the
-        sum over ranks of (largest - own) attention ms, on the rounded rows `price` uses."""
-        return self.attention_waits([self.rounded_columns(
+    def dp_wait(self, decode_requests: np.ndarray, decode_context: np.ndarray,
+                prefill_tokens: np.ndarray, prefill_requests: np.ndarray,
+                prefill_context: np.ndarray) -> float:
+        """GPU-ms the DP ranks of a step wait for the rank with the most work of its own
+        (`rank_work_ms`: attention, mHC, shared experts, router, logits): the sum over ranks of
+        (largest - own), on the rounded rows `price` uses."""
+        return self.dp_waits([self.rounded_columns(
             decode_requests, decode_context, prefill_tokens, prefill_requests,
             prefill_context)])[0]
 
-    def attention_waits(self, steps: list[np.ndarray]) -> list[float]:
-        """`attention_wait` of several steps (`rounded_columns` each), their ranks' rows priced
+    def dp_waits(self, steps: list[np.ndarray]) -> list[float]:
+        """`dp_wait` of several steps (`rounded_columns` each), their ranks' rows priced
         together: one vectorised pricing, WAIT_ROWS at a time, of every row none priced before
-        (a rank's price depends on its row and its step's replay decision alone, and is the
-        same priced alone or among others, bit for bit)."""
+        (a rank's price depends on its row and its step's replay and shared-stream decisions
+        alone, and is the same priced alone or among others, bit for bit)."""
         keys = [c.tobytes() for c in steps]
         todo = {k: c for k, c in zip(keys, steps, strict=True) if k not in self._waits}
         if not todo:
@@ -251,21 +254,23 @@ class StepPricer:
             self._waits.clear()
         if len(self._rank_ms) > ROWS_ENTRIES:
             self._rank_ms.clear()
-        rows: dict[bool, dict[bytes, np.ndarray]] = {False: {}, True: {}}
+        engine = self.calibration.engine
+        rows: dict[tuple[bool, bool], dict[bytes, np.ndarray]] = {}
         named: dict[bytes, list[bytes]] = {}
         for k, c in todo.items():
-            replay = step_replays(self.instance, Batch(*c))
-            mark = b"r" if replay else b"-"
+            step = Batch(*c)
+            how = (step_replays(self.instance, step), step_shares(self.instance, step, engine))
+            mark = bytes((b"-r"[how[0]], b"-s"[how[1]]))
             named[k] = [row.tobytes() + mark for row in c.T.copy()]
             for name, row in zip(named[k], c.T, strict=True):
                 if name not in self._rank_ms:
-                    rows[replay][name] = row
-        for replay, new in rows.items():
+                    rows.setdefault(how, {})[name] = row
+        for (replay, shared), new in rows.items():
             names, values = list(new), list(new.values())
             for at in range(0, len(values), WAIT_ROWS):
                 part = np.array(values[at:at + WAIT_ROWS]).T
-                priced = rank_attention_ms(self.instance, Batch(*part),
-                                           cast(Calibration, self._ops), replay)
+                priced = rank_work_ms(self.instance, Batch(*part),
+                                      cast(Calibration, self._ops), replay, shared)
                 for name, got in zip(names[at:at + WAIT_ROWS],  # one row: priced per rank
                                      priced[:part.shape[1]].tolist(), strict=True):
                     self._rank_ms[name] = got

@@ -88,9 +88,9 @@ class SimOptions:
     hop, transfer setup, the decode side picking the request up)."""
     dp_wait_every: int = 32
     """`dp_imbalance`: an instance prices how long its DP ranks wait for the one with the most
-    attention work on its first step and every this-many-th after it, scaled to all its steps
-    (pricing each rank's attention on every step costs as much as the steps themselves); 1
-    prices every step."""
+    work of its own (attention, mHC, shared experts, router, logits: `rank_work_ms`) on its
+    first step and every this-many-th after it, scaled to all its steps (pricing each rank's
+    work on every step costs as much as the steps themselves); 1 prices every step."""
     schedule_ahead: bool = True
     """Each engine plans its next step while the current one runs, as all three serving engines
     do by default (vLLM's async scheduling, SGLang's and TensorRT-LLM's overlap schedulers):

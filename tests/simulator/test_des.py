@@ -650,10 +650,34 @@ def test_ranks_with_equal_tokens_still_wait_for_a_longer_cached_prefix():
                     expert_parallel=True)
     pricer = StepPricer(inst, load_calibration(hw, "vllm"))
     zero, tokens, one = np.zeros(2), np.array([4096.0, 4096.0]), np.ones(2)
-    assert pricer.attention_wait(zero, zero, tokens, one, np.zeros(2)) == 0.0
-    wait = pricer.attention_wait(zero, zero, tokens, one, np.array([65536.0, 0.0]))
+    assert pricer.dp_wait(zero, zero, tokens, one, np.zeros(2)) == 0.0
+    wait = pricer.dp_wait(zero, zero, tokens, one, np.array([65536.0, 0.0]))
     step = pricer.price(zero, zero, tokens, one, np.array([65536.0, 0.0]), None)
     assert 0.0 < wait < step.breakdown["attention"]
+
+
+def test_ranks_wait_for_a_busier_ranks_work_outside_attention_too():
+    """Lock-step ranks meet at every exchange: a rank computing fewer prompt tokens waits for
+    the busier one's attention and its mHC, shared experts, router and logits, so the wait
+    exceeds the two ranks' attention difference (V4-Flash prefill, DEP2, both cold)."""
+    from simulator.cost import Batch, step_time
+    from simulator.cost.step import Instance
+    from simulator.des.pricing import StepPricer
+    from simulator.specs.hardware import load_hardware
+    from simulator.specs.model import load_model
+
+    hw = load_hardware("gb300")
+    cal = load_calibration(hw, "vllm")
+    inst = Instance(model=load_model("deepseek-v4-flash"), hardware=hw, role="prefill",
+                    ranks=2, expert_parallel=True, weights="fp4")
+    zero, one = np.zeros(2), np.ones(2)
+
+    def uniform(tokens: float) -> dict[str, float]:
+        return step_time(inst, Batch(zero, zero, np.full(2, tokens), one, zero), cal).breakdown
+
+    wait = StepPricer(inst, cal).dp_wait(zero, zero, np.array([4096.0, 1024.0]), one, zero)
+    attention = uniform(4096.0)["attention"] - uniform(1024.0)["attention"]
+    assert wait > attention * 1.05 > 0.0
 
 
 def test_spread_clients_leave_the_lock_step_waves_of_a_burst():

@@ -24,7 +24,7 @@ from simulator.cost.step import (
     instance_from_role,
     most_loaded,
     open_step,
-    rank_attention_ms,
+    rank_work_ms,
 )
 from simulator.des import pricing
 from simulator.des.pricing import StepPricer, pareto_front, round_bits
@@ -125,8 +125,8 @@ def test_a_dp_wait_from_remembered_rank_rows_is_the_whole_steps(model: str,
                                       strict=True):
                     col[r] = fresh[r]
             columns = round_bits(np.array(rows), pricer.bits)
-            ms = rank_attention_ms(inst, Batch(*columns), ops)
-            assert pricer.attention_wait(*rows) == float((ms.max() - ms).sum())
+            ms = rank_work_ms(inst, Batch(*columns), ops)
+            assert pricer.dp_wait(*rows) == float((ms.max() - ms).sum())
 
 
 def test_dp_waits_priced_together_are_each_steps_own() -> None:
@@ -145,11 +145,11 @@ def test_dp_waits_priced_together_are_each_steps_own() -> None:
                        [4.0, 20_000.0, 0.0, 0.0, 0.0], [2.0, 1_000.0, 0.0, 0.0, 0.0]]).T]
     steps = [round_bits(c, 6) for c in steps]
     pricer = StepPricer(inst, cal)
-    got = pricer.attention_waits(steps)
-    alone = [rank_attention_ms(inst, Batch(*c), ops) for c in steps]
+    got = pricer.dp_waits(steps)
+    alone = [rank_work_ms(inst, Batch(*c), ops) for c in steps]
     assert got == [float((ms.max() - ms).sum()) for ms in alone]
     assert alone[0][0] != alone[1][0]  # the same row, priced by its step's decision
-    assert StepPricer(inst, cal).attention_wait(*steps[1]) == got[1]
+    assert StepPricer(inst, cal).dp_wait(*steps[1]) == got[1]
 
 
 def _query_all_corners(g: Grid, point: np.ndarray, roofline: float) -> tuple[float, int]:

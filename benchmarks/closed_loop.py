@@ -44,12 +44,13 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import sys
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -777,7 +778,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="quick calibration, concurrencies 1 and 4, 16 output tokens")
     parser.add_argument("--concurrency", help="comma-separated concurrencies (default 1,4,16)")
+    parser.add_argument("--replay", metavar="DIR",
+                        help="fit and predict again the runs an earlier loop measured into DIR "
+                             "(its runs, plans and calibration), with the simulator as it is "
+                             "now; deploys nothing, writes OUT (which must differ from DIR)")
     args = parser.parse_args(argv)
+    if args.replay:
+        try:
+            return replay(Path(args.replay), Path(args.out))
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            print(f"closed_loop: error: {e}", file=sys.stderr)
+            return 1
     settings = QUICK if args.quick else Settings()
     if args.concurrency:
         try:
@@ -864,11 +875,105 @@ def run(out: Path, calibration: str | None, settings: Settings, quick: bool, thr
         "settings": asdict(settings), "targets": TARGETS, "fit": loop.fit,
         "points": [p.to_dict() for p in loop.points],
     }
-    md = to_markdown(report, loop.points)
+    return write_report(out, report, loop.points)
+
+
+def write_report(out: Path, report: Mapping[str, Any], points: list[Point]) -> int:
+    """OUT/closed-loop.json and OUT/closed-loop.md, the markdown also printed."""
+    md = to_markdown(report, points)
     write_text(out / "closed-loop.json", json.dumps(report, indent=2) + "\n")
     write_text(out / "closed-loop.md", md)
     print(md)
     return 0
+
+
+# ---- a loop replayed: its recorded runs fitted and predicted again ---------------------------
+
+def replay(src: Path, out: Path) -> int:
+    """Fit and predict again what the loop in `src` measured, with the simulator as it is now:
+    its runs' `vllm bench serve` JSON (SRC/runs), its compared points' seeds (SRC/plans), its
+    calibration tables (copied to OUT/calibration, where the new fit is written) and its
+    settings; the engines' figures and the core probe are the loop's. The same code gives the
+    loop's own fit and predictions; a change to the simulator shows what it does to every
+    point without deploying anything (or a machine whose cores run as they ran then)."""
+    report_path = src / "closed-loop.json"
+    if not report_path.is_file():
+        raise RuntimeError(f"--replay {src} holds no closed-loop.json; give a folder a closed "
+                           "loop wrote")
+    if out.resolve() == src.resolve():
+        raise RuntimeError(f"--out {out} is the replayed loop's own folder; give another")
+    old = json.loads(report_path.read_text())
+    known = {f.name for f in fields(Settings)}
+    settings = Settings(**{k: tuple(v) if isinstance(v, list) else v
+                           for k, v in old["settings"].items() if k in known})
+    cal = out / "calibration"
+    shutil.copytree(src / "calibration", cal, dirs_exist_ok=True)
+    loop = Loop(out, cal, settings, "")
+    seen = {(p["plan"], p["concurrency"]): p for p in old["points"]}
+    for role in ("aggregated", "pd"):
+        if not (src / "runs" / loop.fit_name(role, settings.fit_concurrencies[0])).is_dir():
+            continue
+        deployment, _ = load_plan_or_deployment(PLANS[role])
+        fits = {loop.fit_name(role, c): workload_dict(settings, c, max(
+            settings.fit_prompts, settings.fit_per_client * c)) for c in settings.fit_concurrencies}
+        points = {f"{role}-c{c}": workload_dict(settings, c, settings.prompts(c))
+                  for c in settings.concurrencies}
+        got = {name: recorded(src, name, seen.get((role, c)) if name in points else None)
+               for c, name in [*[(c, loop.fit_name(role, c)) for c in settings.fit_concurrencies],
+                               *[(c, f"{role}-c{c}") for c in settings.concurrencies]]}
+        loop.fit_on(role, deployment, fits, got)
+        for c in settings.fit_concurrencies:  # the engines' own TPOT: the loop's reading
+            key = f"{role}_engine_tpot_ms_c{c}"
+            loop.fit[key] = old["fit"].get(key)
+        loop.compare_on(role, deployment, points, got)
+        if role == "pd":
+            loop.points += replayed_decode_only(loop, src, deployment)
+    report = {**old, "date": datetime.now(UTC).date().isoformat(),
+              "replayed": {"loop": str(src), "loop_date": old.get("date")},
+              "fit": loop.fit, "points": [p.to_dict() for p in loop.points]}
+    return write_report(out, report, loop.points)
+
+
+def recorded(src: Path, name: str, point: Mapping[str, Any] | None) -> Measured:
+    """The runs of workload `name` the loop in `src` measured, as `Loop.measure` returned them
+    (the engines' figures and load of its compared `point`, when it is one)."""
+    runs = sorted((src / "runs" / name).glob("run*/" + RESULT_FILE),
+                  key=lambda f: int(f.parent.name.removeprefix("run")))
+    if not runs:
+        raise RuntimeError(f"{src / 'runs' / name} holds no {RESULT_FILE}: the loop did not "
+                           "finish the runs of this workload")
+    plan = yaml.safe_load((src / "plans" / f"{name}.yaml").read_text())
+    engines = dict(point["engine"]) if point else {}
+    load = (float(point["load"][0]), float(point["load"][1])) if point else (0.0, 0.0)
+    return Measured([json.loads(f.read_text()) for f in runs], engines, load, (),
+                    int(plan["workload"]["seed"]))
+
+
+def replayed_decode_only(loop: Loop, src: Path, deployment: Deployment) -> list[Point]:
+    """The loop's decode_only points: measured as it measured them (its sweep reports),
+    predicted again with the replay's P/D fit."""
+    from executor.isolated import mode_for, predict_alone
+    from planner.plan import load_plan_or_deployment as load_plan
+
+    s, out = loop.settings, []
+    c = s.decode_concurrency
+    for context in s.decode_contexts:
+        name = f"decode-only-ctx{context}"
+        sweep = src / "decode-only" / name / "sweep.json"
+        if not sweep.is_file():
+            continue
+        rows = {r["metric"]: r for r in json.loads(sweep.read_text())["points"][0]["comparison"]}
+        _, workload = load_plan(src / "plans" / f"{name}.yaml")
+        assert workload is not None
+        with calibration_dir(loop.calibration):
+            alone = predict_alone(deployment, workload, mode_for("decode_only"), context, c,
+                                  s.prompts(c))
+        got = alone.predicted
+        predicted = {"tpot_ms": got["tpot_ms"]["p50"], "itl_ms": got["itl_ms"]["p50"],
+                     "output_tok_s": got["output_tok_s_gpu"] * alone.deployment.gpus_used}
+        out.append(Point(f"decode_only ctx {context}", c, s.prompts(c), predicted,
+                         {m: rows[r]["measured"] for m, r in DECODE_ROWS.items()}))
+    return out
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from simulator.calibration import Calibration
 from simulator.calibration.serving import ServingOverhead
 from simulator.cost import Batch, instance_from_role, step_time
 from simulator.cost.memory import kv_split
+from simulator.des.apiserver import SharedServer
 from simulator.des.arrivals import Traffic
 from simulator.des.engines import (
     BATCHING,
@@ -72,9 +73,9 @@ class SimOptions:
     """Time from arrival to the scheduler for every 1,000 tokens of the request's prompt that
     the prefix cache does not hold, on top of `api_overhead_ms` (a pure delay)."""
     api_serial_ms: float = 0.0
-    """The part of `api_overhead_ms` that the instance's API server spends on each request one
-    at a time (requests arriving together wait for each other there); 0: all of it is a pure
-    delay."""
+    """The part of `api_overhead_ms` that is the instance's API server's own work on each
+    request, its time shared among the requests it holds (`apiserver.SharedServer`: n arriving
+    together each take n times it); 0: all of it is a pure delay."""
     step_overhead_ms: float | None = None
     """Fixed cost of every engine step (scheduling, launches not hidden by the GPU); None: the
     cost model's default for the hardware kind."""
@@ -202,7 +203,7 @@ class _Run:
             self.traffic.spread_s = self._request_seconds(a.concurrency)
         self._source: dict[int, tuple[PrefillEngine, int]] = {}
         """Request id -> the prefill instance and rank holding its KV until the transfer."""
-        self._api_free: dict[int, float] = {}
+        self._api_servers: dict[int, SharedServer] = {}
         """id(an instance) -> when its API server is done with the requests it has."""
         self._done = 0
         self._reported = -1
@@ -429,15 +430,15 @@ class _Run:
 
     def _api_serial(self, target: Engine, then: Callable[[], None]) -> None:
         """`then` once the instance's API server has done its serial part of the request,
-        after those it already has (first come, first served)."""
+        sharing its time with the other requests it holds (`SharedServer`)."""
         serial = self.opts.api_serial_ms / 1e3
         if serial <= 0:
             then()
             return
-        now = self.env.now
-        done = max(now, self._api_free.get(id(target), now)) + serial
-        self._api_free[id(target)] = done
-        self.env.timeout(done - now).callbacks.append(lambda _: then())
+        server = self._api_servers.get(id(target))
+        if server is None:
+            server = self._api_servers[id(target)] = SharedServer(self.env)
+        server.take(serial, then)
 
     def prefilled(self, engine: PrefillEngine, rank: int, rid: int) -> None:
         """A prompt is computed: the request goes on to a decode instance, through that

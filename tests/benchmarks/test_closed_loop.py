@@ -265,6 +265,29 @@ def test_quick_loop_against_the_real_engine(tmp_path):
     assert len(runs) == 4 and len(seeds) == 4  # no run repeats another's prompts
     pids = json.loads((out / "deploy" / "aggregated" / "pids.json").read_text())
     assert pids and not [r for r in pids if group_members(r["pgid"])]
+    # replayed with the same code, the loop's runs give its fit and predictions again
+    again = tmp_path / "replayed"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--replay", str(out), "--out", str(again)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    replayed = json.loads((again / "closed-loop.json").read_text())
+    assert replayed["replayed"]["loop"] == str(out)
+    for key in ("step_overhead_ms", "step_overhead_per_seq_ms", "api_overhead_ms"):
+        assert replayed["fit"][key] == pytest.approx(report["fit"][key])
+    for old, new in zip(report["points"], replayed["points"], strict=True):
+        assert new["measured"] == old["measured"] and new["engine"] == old["engine"]
+        for m in ("ttft_ms", "tpot_ms", "output_tok_s"):
+            assert new["predicted"][m] == pytest.approx(old["predicted"][m])
+    assert not (out / "calibration").samefile(again / "calibration")
+
+
+def test_a_replay_needs_a_loop_s_folder_and_another_to_write(tmp_path, capsys):
+    assert cl.main(["--replay", str(tmp_path), "--out", str(tmp_path / "new")]) == 1
+    assert f"--replay {tmp_path} holds no closed-loop.json" in capsys.readouterr().err
+    (tmp_path / "closed-loop.json").write_text("{}")
+    assert cl.main(["--replay", str(tmp_path), "--out", str(tmp_path)]) == 1
+    assert "is the replayed loop's own folder" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 def test_an_engine_that_ended_the_loop_is_named_with_its_exception(tmp_path):

@@ -169,11 +169,12 @@ def test_a_step_pays_the_measured_cost_of_each_request_it_runs(folder, tmp_path,
     assert parts == {1: 0.5, 4: 2.0}
 
 
-def test_requests_arriving_together_wait_for_each_other_at_the_api_server():
-    """The serial part of the API overhead is spent one request at a time: four users who
-    arrive together reach the scheduler 0, 1, 2, 3 serial times apart; a lone user sees the
-    same overhead either way. (The engine plans each step when the one before it ends here, so
-    that only the API server spaces the first tokens out.)"""
+def test_requests_arriving_together_share_the_api_server():
+    """The serial part of the API overhead is the API server's own work, its time shared among
+    the requests it holds: four users who arrive together reach the scheduler together, four
+    serial times after they came (three more than a lone user), and take their first tokens in
+    one prefill step; a lone user sees the same overhead either way. (The engine plans each
+    step when the one before it ends here.)"""
     from simulator.des import SimOptions, simulate
     from simulator.specs.loading import load_workload
 
@@ -190,9 +191,35 @@ def test_requests_arriving_together_wait_for_each_other_at_the_api_server():
     assert ttfts(1, 8.0) == pytest.approx(ttfts(1, 0.0))
     apart = ttfts(4, 0.0)
     assert max(apart) - min(apart) < 1.0  # one prefill step for all four
-    queued = ttfts(4, 8.0)
-    assert queued[0] == pytest.approx(apart[0], abs=1.0)
-    assert queued[-1] - queued[0] == pytest.approx(3 * 8.0, abs=3.0)
+    shared = ttfts(4, 8.0)
+    assert max(shared) - min(shared) < 1.0  # still one step: they left the server together
+    assert shared[0] - apart[0] == pytest.approx(3 * 8.0, abs=0.01)
+
+
+def test_a_request_arriving_at_a_busy_api_server_slows_the_one_in_service():
+    """Processor sharing: 8 ms of work arriving at 0 and at 4 ms: the first has 4 ms left when
+    the second comes, both then get half the server, so the first is done at 12 ms and the
+    second at 16; three arriving together are all done at 3 x their work."""
+    import simpy
+
+    from simulator.des.apiserver import SharedServer
+
+    env = simpy.Environment()
+    server = SharedServer(env)
+    done: dict[str, float] = {}
+
+    def arrive(name: str, at: float, work: float) -> None:
+        env.timeout(at).callbacks.append(lambda _: server.take(
+            work, lambda: done.setdefault(name, env.now)))
+
+    arrive("a", 0.0, 8e-3)
+    arrive("b", 4e-3, 8e-3)
+    for name in ("c", "d", "e"):
+        arrive(name, 1.0, 2e-3)
+    env.run()
+    assert done["a"] == pytest.approx(12e-3) and done["b"] == pytest.approx(16e-3)
+    assert [done[n] for n in "cde"] == pytest.approx([1.006] * 3)
+    assert server.busy == 0
 
 
 def test_a_pd_request_passes_the_decode_instances_api_server_too():

@@ -34,6 +34,9 @@ For the tiny-moe plans on the cpu hardware (vLLM's CPU build from .venv-engine):
    throughput 10 %, TTFT 20 %).
 
     .venv/bin/python benchmarks/closed_loop.py [--calibration DIR] [--pd] [--quick] [--out DIR]
+
+--replay DIR fits and predicts again the runs a loop recorded in DIR, with the simulator as it
+is now, and writes the report to --out; it deploys nothing (`replay`).
 """
 
 from __future__ import annotations

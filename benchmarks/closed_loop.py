@@ -465,7 +465,25 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
                      f"{_num(e['queue_prefill_mean_ms'])} | {_num(e['api_ttft_mean_ms'])} | "
                      f"{_pair(e['decode_queue_first_mean_ms'], e['decode_api_ttft_mean_ms'])} | "
                      f"{_share(e['prefix_hit_rate'])} | {p.load[0]:.1f} / {p.load[1]:.1f} |")
+    before = report.get("replayed", {}).get("points")
+    if before:
+        lines += ["", f"Replayed: each error as the loop of {report['replayed']['loop_date']} "
+                      "predicted it -> as predicted now (targets met: "
+                      f"{report['replayed']['met']} -> {met(points)} of "
+                      f"{report['replayed']['of']}):", "",
+                  "| plan | conc. | " + " | ".join(METRICS) + " |",
+                  "|---|---:|" + "---:|" * len(METRICS)]
+        then = {(p["plan"], p["concurrency"]): p for p in before}
+        for p in points:
+            old = then.get((p.plan, p.concurrency), {}).get("error", {})
+            lines.append(f"| {p.plan} | {p.concurrency} | " + " | ".join(
+                f"{_err(old.get(m))} -> {_err(p.error(m))}" for m in METRICS) + " |")
     return "\n".join(lines) + "\n"
+
+
+def met(points: Sequence[Point]) -> int:
+    """Targets the points meet."""
+    return sum(1 for p in points for m in TARGETS if p.within(m))
 
 
 # ---- the loop: calibration, deployment, runs -----------------------------------------------
@@ -910,12 +928,16 @@ def replay(src: Path, out: Path) -> int:
     settings = Settings(**{k: tuple(v) if isinstance(v, list) else v
                            for k, v in old["settings"].items() if k in known})
     cal = out / "calibration"
-    shutil.copytree(src / "calibration", cal, dirs_exist_ok=True)
     loop = Loop(out, cal, settings, "")
+    roles = [role for role in ("aggregated", "pd") if (
+        src / "runs" / loop.fit_name(role, settings.fit_concurrencies[0])).is_dir()]
+    if not roles or not (src / "calibration" / "manifest.json").is_file():
+        raise RuntimeError(f"--replay {src} holds no recorded runs (runs/aggregated-fit/...) "
+                           "or no calibration/manifest.json; give the folder the loop itself "
+                           "wrote")
+    shutil.copytree(src / "calibration", cal, dirs_exist_ok=True)
     seen = {(p["plan"], p["concurrency"]): p for p in old["points"]}
-    for role in ("aggregated", "pd"):
-        if not (src / "runs" / loop.fit_name(role, settings.fit_concurrencies[0])).is_dir():
-            continue
+    for role in roles:
         deployment, _ = load_plan_or_deployment(PLANS[role])
         fits = {loop.fit_name(role, c): workload_dict(settings, c, max(
             settings.fit_prompts, settings.fit_per_client * c)) for c in settings.fit_concurrencies}
@@ -931,8 +953,13 @@ def replay(src: Path, out: Path) -> int:
         loop.compare_on(role, deployment, points, got)
         if role == "pd":
             loop.points += replayed_decode_only(loop, src, deployment)
+    was = old["points"]
     report = {**old, "date": datetime.now(UTC).date().isoformat(),
-              "replayed": {"loop": str(src), "loop_date": old.get("date")},
+              "replayed": {"loop": str(src), "loop_date": old.get("date"),
+                           "met": sum(1 for p in was for v in p["within_target"].values() if v),
+                           "of": sum(1 for p in was for v in p["within_target"].values()
+                                     if v is not None),
+                           "fit": old["fit"], "points": was},
               "fit": loop.fit, "points": [p.to_dict() for p in loop.points]}
     return write_report(out, report, loop.points)
 

@@ -279,6 +279,9 @@ def test_quick_loop_against_the_real_engine(tmp_path):
         for m in ("ttft_ms", "tpot_ms", "output_tok_s"):
             assert new["predicted"][m] == pytest.approx(old["predicted"][m])
     assert not (out / "calibration").samefile(again / "calibration")
+    met = sum(1 for p in report["points"] for v in p["within_target"].values() if v)
+    of = sum(1 for p in report["points"] for v in p["within_target"].values() if v is not None)
+    assert f"targets met: {met} -> {met} of {of}" in (again / "closed-loop.md").read_text()
 
 
 def test_a_replay_needs_a_loop_s_folder_and_another_to_write(tmp_path, capsys):
@@ -287,6 +290,9 @@ def test_a_replay_needs_a_loop_s_folder_and_another_to_write(tmp_path, capsys):
     (tmp_path / "closed-loop.json").write_text("{}")
     assert cl.main(["--replay", str(tmp_path), "--out", str(tmp_path)]) == 1
     assert "is the replayed loop's own folder" in capsys.readouterr().err
+    (tmp_path / "closed-loop.json").write_text(json.dumps({"settings": {}, "points": []}))
+    assert cl.main(["--replay", str(tmp_path), "--out", str(tmp_path / "new")]) == 1
+    assert "holds no recorded runs" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
 
 

@@ -946,6 +946,13 @@ def replay(src: Path, out: Path) -> int:
         got = {name: recorded(src, name, seen.get((role, c)) if name in points else None)
                for c, name in [*[(c, loop.fit_name(role, c)) for c in settings.fit_concurrencies],
                                *[(c, f"{role}-c{c}") for c in settings.concurrencies]]}
+        for name, w in {**fits, **points}.items():  # what is simulated is what was sent
+            sent = {r.get("num_prompts") for r in got[name].results}
+            if sent != {w["requests"]}:
+                raise RuntimeError(
+                    f"{src / 'runs' / name}: its runs sent {sorted(map(str, sent))} prompts "
+                    f"where the loop's settings give {w['requests']}; the report and the runs "
+                    "are not of one loop")
         loop.fit_on(role, deployment, fits, got)
         for c in settings.fit_concurrencies:  # the engines' own TPOT: the loop's reading
             key = f"{role}_engine_tpot_ms_c{c}"

@@ -14,31 +14,33 @@ apart, does not do.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import simpy
 
 DONE_S = 1e-12
-"""Work left (seconds) below which a request counts as served (float residue of the shares)."""
-
-
-@dataclass
-class _Job:
-    left: float
-    """Seconds of work left."""
-    then: Callable[[], None]
+"""Service (seconds) below which a request's work counts as done (float residue)."""
 
 
 class SharedServer:
-    """One API server: `take` a request's serial work, `then` called when it is done."""
+    """One API server: `take` a request's serial work, `then` called when it is done.
+
+    Every request in service gets 1/n of the server, so all of them have received the same
+    service since any moment: the server keeps that service as a clock (`_served`, seconds of
+    work each request in service has received since the start) and each request's finishing
+    mark on it (its arrival's mark plus its work) in a heap. An arrival or a completion costs
+    O(log n), so a burst of any size is cheap."""
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
-        self._jobs: list[_Job] = []
-        """The requests in service."""
+        self._marks: list[tuple[float, int, Callable[[], None]]] = []
+        """(finishing mark on the service clock, arrival number, then) per request in service:
+        a heap, the next to finish first, ties in arrival order."""
+        self._served = 0.0
         self._since = 0.0
-        """When their work left was last brought up to date."""
+        """When `_served` was last brought up to date."""
+        self._arrivals = 0
         self._turn = 0
         """The pending completion's number: an arrival replaces it with a later one."""
 
@@ -46,38 +48,41 @@ class SharedServer:
         """Serve `work_s` seconds of work for a new request, sharing the server with the
         requests already in it; `then()` once it is done."""
         self._catch_up()
-        self._jobs.append(_Job(work_s, then))
+        self._arrivals += 1
+        heapq.heappush(self._marks, (self._served + work_s, self._arrivals, then))
         self._plan()
 
     @property
     def busy(self) -> int:
         """Requests in service."""
-        return len(self._jobs)
+        return len(self._marks)
 
     def _catch_up(self) -> None:
-        """Take the time since the last update off every request's work, shared equally."""
+        """Move the service clock on by the time since the last update, shared equally."""
         now = self.env.now
-        if self._jobs:
-            share = (now - self._since) / len(self._jobs)
-            for job in self._jobs:
-                job.left -= share
+        if self._marks:
+            self._served += (now - self._since) / len(self._marks)
         self._since = now
 
     def _plan(self) -> None:
         """Schedule the next completion: the least work left, at 1/n of the server each."""
         self._turn += 1
-        if not self._jobs:
+        if not self._marks:
             return
         turn = self._turn
-        wait = max(min(job.left for job in self._jobs), 0.0) * len(self._jobs)
+        wait = max(self._marks[0][0] - self._served, 0.0) * len(self._marks)
         self.env.timeout(wait).callbacks.append(lambda _: self._finish(turn))
 
     def _finish(self, turn: int) -> None:
         if turn != self._turn:  # an arrival since has planned a later completion
             return
         self._catch_up()
-        done = [job for job in self._jobs if job.left <= DONE_S]
-        self._jobs = [job for job in self._jobs if job.left > DONE_S]
+        done = []
+        close = self._served + DONE_S + 1e-12 * self._served  # the clock's float residue
+        while self._marks and self._marks[0][0] <= close:
+            done.append(heapq.heappop(self._marks)[2])
+        if not self._marks:  # a busy period ends: the clock starts again from 0
+            self._served = 0.0
         self._plan()
-        for job in done:
-            job.then()
+        for then in done:
+            then()

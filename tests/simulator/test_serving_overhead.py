@@ -381,3 +381,23 @@ def test_a_cpu_preset_keeps_the_cost_model_s_step_overhead(monkeypatch):
     assert (gpu.step_overhead_ms, gpu.step_overhead_per_layer_ms) == (0.0, 0.03)
     assert (cpu.step_overhead_ms, cpu.step_overhead_per_layer_ms) == (None, 0.0)
     assert cpu.api_overhead_ms == 20.0
+
+
+def test_a_burst_of_many_requests_shares_the_api_server_in_one_pass():
+    """Ten thousand requests arriving together each take 1/10,000 of the server and finish
+    together (each arrival and completion is a heap operation, not a pass over the others);
+    a later request finds the server idle again and takes its own work."""
+    import simpy
+
+    from simulator.des.apiserver import SharedServer
+
+    env = simpy.Environment()
+    server = SharedServer(env)
+    done: list[float] = []
+    for _ in range(10_000):
+        server.take(1e-3, lambda: done.append(env.now))
+    env.timeout(20.0).callbacks.append(lambda _: server.take(2e-3, lambda: done.append(env.now)))
+    env.run()
+    assert len(done) == 10_001 and server.busy == 0
+    assert min(done[:-1]) == max(done[:-1]) == pytest.approx(10.0)
+    assert done[-1] == pytest.approx(20.002)

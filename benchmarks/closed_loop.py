@@ -799,14 +799,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="quick calibration, concurrencies 1 and 4, 16 output tokens")
     parser.add_argument("--concurrency", help="comma-separated concurrencies (default 1,4,16)")
-    parser.add_argument("--replay", metavar="DIR",
-                        help="fit and predict again the runs an earlier loop measured into DIR "
-                             "(its runs, plans and calibration), with the simulator as it is "
-                             "now; deploys nothing, writes OUT (which must differ from DIR)")
+    parser.add_argument("--replay", metavar="DIR", nargs="+",
+                        help="fit and predict again the runs earlier loops measured into each "
+                             "DIR (its runs, plans and calibration), with the simulator as it "
+                             "is now; deploys nothing, writes OUT (several: OUT/<DIR's name> "
+                             "each and OUT/replays.md, a line a loop)")
     args = parser.parse_args(argv)
     if args.replay:
         try:
-            return replay(Path(args.replay), Path(args.out))
+            return replay_all([Path(d) for d in args.replay], Path(args.out))
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             print(f"closed_loop: error: {e}", file=sys.stderr)
             return 1
@@ -899,18 +900,20 @@ def run(out: Path, calibration: str | None, settings: Settings, quick: bool, thr
     return write_report(out, report, loop.points)
 
 
-def write_report(out: Path, report: Mapping[str, Any], points: list[Point]) -> int:
-    """OUT/closed-loop.json and OUT/closed-loop.md, the markdown also printed."""
+def write_report(out: Path, report: Mapping[str, Any], points: list[Point],
+                 echo: bool = True) -> int:
+    """OUT/closed-loop.json and OUT/closed-loop.md, the markdown also printed (`echo`)."""
     md = to_markdown(report, points)
     write_text(out / "closed-loop.json", json.dumps(report, indent=2) + "\n")
     write_text(out / "closed-loop.md", md)
-    print(md)
+    if echo:
+        print(md)
     return 0
 
 
 # ---- a loop replayed: its recorded runs fitted and predicted again ---------------------------
 
-def replay(src: Path, out: Path) -> int:
+def replay(src: Path, out: Path, echo: bool = True) -> int:
     """Fit and predict again what the loop in `src` measured, with the simulator as it is now:
     its runs' `vllm bench serve` JSON (SRC/runs), its compared points' seeds (SRC/plans), its
     calibration tables (copied to OUT/calibration, where the new fit is written) and its
@@ -968,7 +971,62 @@ def replay(src: Path, out: Path) -> int:
                                      if v is not None),
                            "fit": old["fit"], "points": was},
               "fit": loop.fit, "points": [p.to_dict() for p in loop.points]}
-    return write_report(out, report, loop.points)
+    return write_report(out, report, loop.points, echo)
+
+
+def replay_all(srcs: Sequence[Path], out: Path) -> int:
+    """`replay` of one loop into `out`; of several, each into OUT/<its folder's name>, with a
+    line a loop (targets met, TTFT at 4 users, mean TTFT error, then and now) printed and
+    written to OUT/replays.md."""
+    if len(srcs) == 1:
+        return replay(srcs[0], out)
+    names = [s.name for s in srcs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise RuntimeError(f"--replay names {', '.join(twice)} more than once; each loop's "
+                           "folder name becomes its OUT subfolder")
+    for src in srcs:  # every folder checked before anything is written
+        if not (src / "closed-loop.json").is_file():
+            raise RuntimeError(f"--replay {src} holds no closed-loop.json; give a folder a "
+                               "closed loop wrote")
+    lines = ["| loop | its date | targets met: then -> now | P/D TTFT at 4 users | "
+             "aggregated TTFT at 4 users | mean abs TTFT error | API overhead, serial part now |",
+             "|---|---|---|---|---|---|---|"]
+    for src in srcs:
+        say(f"replaying {src}")
+        replay(src, out / src.name, echo=False)
+        lines.append(replay_line(src.name, json.loads(
+            (out / src.name / "closed-loop.json").read_text())))
+    text = "\n".join(lines) + "\n"
+    write_text(out / "replays.md", text)
+    print(text)
+    return 0
+
+
+def replay_line(name: str, report: Mapping[str, Any]) -> str:
+    """One replayed loop's line of replays.md."""
+    then, now = report["replayed"]["points"], report["points"]
+
+    def error(points: Sequence[Mapping[str, Any]], plan: str, c: int) -> float | None:
+        got = [p["error"].get("ttft_ms") for p in points
+               if p["plan"] == plan and p["concurrency"] == c]
+        return got[0] if got else None
+
+    def mean_abs(points: Sequence[Mapping[str, Any]]) -> float | None:
+        errs = [abs(e) for p in points if (e := p["error"].get("ttft_ms")) is not None]
+        return statistics.mean(errs) if errs else None
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.1%}"
+
+    fit = report["fit"]
+    return (f"| {name} | {report['replayed']['loop_date']} | {report['replayed']['met']} -> "
+            f"{sum(1 for p in now for v in p['within_target'].values() if v)} of "
+            f"{report['replayed']['of']} | {_err(error(then, 'pd', 4))} -> "
+            f"{_err(error(now, 'pd', 4))} | {_err(error(then, 'aggregated', 4))} -> "
+            f"{_err(error(now, 'aggregated', 4))} | {pct(mean_abs(then))} -> "
+            f"{pct(mean_abs(now))} | {_num(fit.get('api_serial_ms'), '.2f')} of "
+            f"{_num(fit.get('api_overhead_ms'), '.2f')} ms |")
 
 
 def recorded(src: Path, name: str, point: Mapping[str, Any] | None) -> Measured:

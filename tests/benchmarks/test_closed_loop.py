@@ -3,6 +3,7 @@ the whole loop with --quick against the real CPU engine (skipped without .venv-e
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -282,6 +283,15 @@ def test_quick_loop_against_the_real_engine(tmp_path):
     met = sum(1 for p in report["points"] for v in p["within_target"].values() if v)
     of = sum(1 for p in report["points"] for v in p["within_target"].values() if v is not None)
     assert f"targets met: {met} -> {met} of {of}" in (again / "closed-loop.md").read_text()
+    # several loops at once: a line each in OUT/replays.md
+    twin = tmp_path / "twin"
+    shutil.copytree(out, twin, ignore=shutil.ignore_patterns("deploy"))
+    r = subprocess.run([sys.executable, str(SCRIPT), "--replay", str(out), str(twin), "--out",
+                        str(tmp_path / "many")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = (tmp_path / "many" / "replays.md").read_text().splitlines()
+    assert [line.split(" | ")[2] for line in lines[2:]] == [f"{met} -> {met} of {of}"] * 2
 
 
 def test_a_replay_needs_a_loop_s_folder_and_another_to_write(tmp_path, capsys):
@@ -294,6 +304,19 @@ def test_a_replay_needs_a_loop_s_folder_and_another_to_write(tmp_path, capsys):
     assert cl.main(["--replay", str(tmp_path), "--out", str(tmp_path / "new")]) == 1
     assert "holds no recorded runs" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_several_replays_are_checked_before_any_is_written(tmp_path, capsys):
+    a, b = tmp_path / "one" / "loop", tmp_path / "two" / "loop"
+    for d in (a, b):
+        d.mkdir(parents=True)
+        (d / "closed-loop.json").write_text("{}")
+    out = tmp_path / "out"
+    assert cl.main(["--replay", str(a), str(b), "--out", str(out)]) == 1
+    assert "--replay names loop more than once" in capsys.readouterr().err
+    assert cl.main(["--replay", str(a), str(tmp_path / "none"), "--out", str(out)]) == 1
+    assert f"--replay {tmp_path / 'none'} holds no closed-loop.json" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_an_engine_that_ended_the_loop_is_named_with_its_exception(tmp_path):

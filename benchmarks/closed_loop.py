@@ -926,7 +926,16 @@ def replay(src: Path, out: Path, echo: bool = True) -> int:
                            "loop wrote")
     if out.resolve() == src.resolve():
         raise RuntimeError(f"--out {out} is the replayed loop's own folder; give another")
-    old = json.loads(report_path.read_text())
+    try:
+        old = json.loads(report_path.read_text())
+    except ValueError as e:
+        raise RuntimeError(f"{report_path} is not JSON ({e}); give a report a closed loop "
+                           "wrote") from None
+    lacking = [k for k, kind in (("settings", dict), ("fit", dict), ("points", list))
+               if not isinstance(old.get(k) if isinstance(old, dict) else None, kind)]
+    if lacking:
+        raise RuntimeError(f"{report_path} has no {', '.join(lacking)}; give a report a closed "
+                           "loop wrote")
     known = {f.name for f in fields(Settings)}
     settings = Settings(**{k: tuple(v) if isinstance(v, list) else v
                            for k, v in old["settings"].items() if k in known})

@@ -300,7 +300,10 @@ def test_a_replay_needs_a_loop_s_folder_and_another_to_write(tmp_path, capsys):
     (tmp_path / "closed-loop.json").write_text("{}")
     assert cl.main(["--replay", str(tmp_path), "--out", str(tmp_path)]) == 1
     assert "is the replayed loop's own folder" in capsys.readouterr().err
-    (tmp_path / "closed-loop.json").write_text(json.dumps({"settings": {}, "points": []}))
+    assert cl.main(["--replay", str(tmp_path), "--out", str(tmp_path / "new")]) == 1
+    assert "closed-loop.json has no settings, fit, points" in capsys.readouterr().err
+    (tmp_path / "closed-loop.json").write_text(json.dumps({"settings": {}, "fit": {},
+                                                           "points": []}))
     assert cl.main(["--replay", str(tmp_path), "--out", str(tmp_path / "new")]) == 1
     assert "holds no recorded runs" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()

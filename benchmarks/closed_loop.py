@@ -469,7 +469,7 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
     if before:
         lines += ["", f"Replayed: each error as the loop of {report['replayed']['loop_date']} "
                       "predicted it -> as predicted now (targets met: "
-                      f"{report['replayed']['met']} -> {met(points)} of "
+                      f"{report['replayed']['met']} -> {targets_met(report['points'])[0]} of "
                       f"{report['replayed']['of']}):", "",
                   "| plan | conc. | " + " | ".join(METRICS) + " |",
                   "|---|---:|" + "---:|" * len(METRICS)]
@@ -479,11 +479,6 @@ def to_markdown(report: Mapping[str, Any], points: list[Point]) -> str:
             lines.append(f"| {p.plan} | {p.concurrency} | " + " | ".join(
                 f"{_err(old.get(m))} -> {_err(p.error(m))}" for m in METRICS) + " |")
     return "\n".join(lines) + "\n"
-
-
-def met(points: Sequence[Point]) -> int:
-    """Targets the points meet."""
-    return sum(1 for p in points for m in TARGETS if p.within(m))
 
 
 # ---- the loop: calibration, deployment, runs -----------------------------------------------
@@ -565,6 +560,15 @@ class Loop:
         self.points: list[Point] = []
         self._seeds = itertools.count(settings.seed)
         """The next bench run's seed: no two runs send the same prompts."""
+
+    def workloads(self, role: str) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """A plan's fitting workloads (by `fit_name`) and compared ones (`<role>-c<N>`)."""
+        s = self.settings
+        fits = {self.fit_name(role, c): workload_dict(s, c, max(s.fit_prompts,
+                                                           s.fit_per_client * c))
+                for c in s.fit_concurrencies}
+        points = {f"{role}-c{c}": workload_dict(s, c, s.prompts(c)) for c in s.concurrencies}
+        return fits, points
 
     def fit_name(self, role: str, concurrency: int) -> str:
         """The fitting runs' name at a load: `<role>-fit` at the first, `-fit-c<N>` after."""
@@ -649,11 +653,7 @@ class Loop:
             top = max(s.fit_concurrencies)  # every batch size the fit will see, once
             self.measure(backend, deployment, {f"{role}-warmup": workload_dict(
                 s, top, max(s.warmup_prompts, 2 * top))})
-            fits = {self.fit_name(role, c): workload_dict(s, c, max(s.fit_prompts,
-                                                               s.fit_per_client * c))
-                    for c in s.fit_concurrencies}
-            points = {f"{role}-c{c}": workload_dict(s, c, s.prompts(c))
-                      for c in s.concurrencies}
+            fits, points = self.workloads(role)
             got = self.measure(backend, deployment, {**fits, **points}, s.repeats)
             self.fit_on(role, deployment, fits, got)
             self.compare_on(role, deployment, points, got)
@@ -951,13 +951,10 @@ def replay(src: Path, out: Path, echo: bool = True) -> int:
     seen = {(p["plan"], p["concurrency"]): p for p in old["points"]}
     for role in roles:
         deployment, _ = load_plan_or_deployment(PLANS[role])
-        fits = {loop.fit_name(role, c): workload_dict(settings, c, max(
-            settings.fit_prompts, settings.fit_per_client * c)) for c in settings.fit_concurrencies}
-        points = {f"{role}-c{c}": workload_dict(settings, c, settings.prompts(c))
-                  for c in settings.concurrencies}
-        got = {name: recorded(src, name, seen.get((role, c)) if name in points else None)
-               for c, name in [*[(c, loop.fit_name(role, c)) for c in settings.fit_concurrencies],
-                               *[(c, f"{role}-c{c}") for c in settings.concurrencies]]}
+        fits, points = loop.workloads(role)
+        got = {name: recorded(src, name, None) for name in fits}
+        got.update({name: recorded(src, name, seen.get((role, w["arrival"]["concurrency"])))
+                    for name, w in points.items()})
         for name, w in {**fits, **points}.items():  # what is simulated is what was sent
             sent = {r.get("num_prompts") for r in got[name].results}
             if sent != {w["requests"]}:
@@ -973,14 +970,18 @@ def replay(src: Path, out: Path, echo: bool = True) -> int:
         if role == "pd":
             loop.points += replayed_decode_only(loop, src, deployment)
     was = old["points"]
+    met_then, of = targets_met(was)
     report = {**old, "date": datetime.now(UTC).date().isoformat(),
-              "replayed": {"loop": str(src), "loop_date": old.get("date"),
-                           "met": sum(1 for p in was for v in p["within_target"].values() if v),
-                           "of": sum(1 for p in was for v in p["within_target"].values()
-                                     if v is not None),
-                           "fit": old["fit"], "points": was},
+              "replayed": {"loop": str(src), "loop_date": old.get("date"), "met": met_then,
+                           "of": of, "fit": old["fit"], "points": was},
               "fit": loop.fit, "points": [p.to_dict() for p in loop.points]}
     return write_report(out, report, loop.points, echo)
+
+
+def targets_met(points: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """(targets met, targets with an error) over a report's points."""
+    marks = [v for p in points for v in p["within_target"].values() if v is not None]
+    return sum(marks), len(marks)
 
 
 def replay_all(srcs: Sequence[Path], out: Path) -> int:
@@ -1030,7 +1031,7 @@ def replay_line(name: str, report: Mapping[str, Any]) -> str:
 
     fit = report["fit"]
     return (f"| {name} | {report['replayed']['loop_date']} | {report['replayed']['met']} -> "
-            f"{sum(1 for p in now for v in p['within_target'].values() if v)} of "
+            f"{targets_met(now)[0]} of "
             f"{report['replayed']['of']} | {_err(error(then, 'pd', 4))} -> "
             f"{_err(error(now, 'pd', 4))} | {_err(error(then, 'aggregated', 4))} -> "
             f"{_err(error(now, 'aggregated', 4))} | {pct(mean_abs(then))} -> "

@@ -538,16 +538,26 @@ def rank_work_ms(inst: Instance, batch: Batch, cal: Calibration, replay: bool | 
                                                                        tail)):
         if not (shared and part == "shared_experts"):
             ms = ms + part_ms
-    head = cal.gemm(dec_b * (1 + spec) + pre_req, inst.model.vocab // inst.tp,
-                    inst.model.hidden, "bf16")
-    out: np.ndarray = ms + head.ms
+    out: np.ndarray = ms + _head(inst, cal, dec_b, pre_req).ms
     return out
+
+
+def _head(inst: Instance, cal: Calibration, dec_b: np.ndarray, pre_req: np.ndarray) -> Priced:
+    """The LM head on each rank: a row per decode token (drafts included) and per prompt."""
+    m = inst.model
+    return cal.gemm(dec_b * (1 + inst.spec_tokens) + pre_req, m.vocab // inst.tp, m.hidden,
+                    "bf16")
 
 
 def step_shares(inst: Instance, batch: Batch, engine: str) -> bool:
     """Whether `engine` runs the shared experts of the whole step `batch` on a second stream
     (`shared_stream`: decided by the busiest rank's tokens)."""
     dec_b, _, pre_tok, _, _ = _rank_columns(batch, inst.dp)
+    return _shares(inst, engine, dec_b, pre_tok)
+
+
+def _shares(inst: Instance, engine: str, dec_b: np.ndarray, pre_tok: np.ndarray) -> bool:
+    """`step_shares` of a step's decode requests and prompt tokens per rank."""
     tokens = dec_b * (1 + inst.spec_tokens) + pre_tok
     return shared_stream(inst, engine, float(tokens.max()),
                          bool(dec_b.sum() > 0 and pre_tok.sum() == 0))
@@ -658,7 +668,6 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
                                                 "other": inst.step_overhead_ms},
                         {"overhead": overhead_source(inst)}, {"overhead": inst.step_overhead_ms},
                         0.0)
-    logits = dec_b * (1 + spec) + pre_req
     if inst.overhead_per_seq_ms > 0:
         running = float(np.max(dec_b + pre_req))
         led.add("other", "request_overhead", None, inst.overhead_per_seq_ms * running)
@@ -705,7 +714,7 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
                 qk = cal.allreduce(work.max() * 2 * 4, inst.tp, inst.a2a_bandwidth)
                 led.add("communication", "qk_norm_allreduce", qk, layers * float(qk.ms.max()))
 
-    head = cal.gemm(logits, m.vocab // inst.tp, m.hidden, "bf16")
+    head = _head(inst, cal, dec_b, pre_req)
     led.add("dense", "lm_head", head, float(head.ms.max()))
     draft = None
     if spec and dec_b.any():
@@ -716,7 +725,7 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
         late = (groups[1][1], float(groups[1][2].sum() / tokens.sum()))
     decode_only = bool(dec_b.sum() > 0 and pre_tok.sum() == 0)
     return _Open(led, even, decode_only, draft, float(accepted.sum()), late,
-                 shared_stream(inst, cal.engine, float(tokens.max()), decode_only))
+                 _shares(inst, cal.engine, dec_b, pre_tok))
 
 
 def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -> StepTime:

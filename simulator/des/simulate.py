@@ -204,7 +204,7 @@ class _Run:
         self._source: dict[int, tuple[PrefillEngine, int]] = {}
         """Request id -> the prefill instance and rank holding its KV until the transfer."""
         self._api_servers: dict[int, SharedServer] = {}
-        """id(an instance) -> when its API server is done with the requests it has."""
+        """id(an instance) -> its API server, made at its first request."""
         self._done = 0
         self._reported = -1
 

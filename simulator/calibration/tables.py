@@ -28,6 +28,7 @@ from simulator.calibration.cache import cached
 from simulator.calibration.grid import EXTRAPOLATED, ROOFLINE, SOURCES, Grid, worst
 from simulator.specs.attention import DSV4, DSV4_ENTRY_BYTES, INDEXER_KEY_BYTES
 from simulator.specs.attention import kind as kind_of
+from simulator.specs.deployment import SM100_HARDWARE
 from simulator.specs.errors import SpecError
 from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec, load_hardware
 from simulator.specs.memo import per_object
@@ -269,6 +270,33 @@ class Priced:
         ms = sum((p.ms for p in parts), np.zeros(1))
         codes = np.max([np.broadcast_to(p.point_codes(), ms.shape) for p in parts], axis=0)
         return Priced(ms, SOURCES[int(codes.max())], " + ".join(tables), codes)
+
+
+GPU_FAMILY = {"h100": "sm90", "h200": "sm90", **dict.fromkeys(SM100_HARDWARE, "sm100")}
+"""Hardware preset -> its GPUs' CUDA family (Hopper sm_90, Blackwell datacenter sm_10x)."""
+
+INDEXER_ROW_PAIRS: dict[str, Callable[[int], bool]] = {
+    "sm100": lambda rows: True,
+    "sm90": lambda rows: rows in (1, 2, 4),
+}
+"""GPU family -> whether the sparse indexer of a decode step reads a request's index keys once
+for each pair of its query rows (1 + draft tokens), as vLLM runs DeepSeek-V4.1's indexer on
+DeepGEMM's paged MQA logits: on Blackwell every request's rows go through the kernel's varlen
+layout, whose scheduler takes two adjacent rows of one request together and loads their keys
+once (`kNextNAtom` 2 in DeepGEMM's scheduler/paged_mqa_logits.cuh; vLLM's
+`_supports_varlen_paged_mqa_logits`, vllm/v1/attention/backends/mla/indexer.py); on Hopper
+only a native next_n of 1, 2 or 4 pairs its rows (`_supports_native_decode`), any other count
+is flattened to one row a request. Elsewhere every row reads its own keys. Compute stays per
+row."""
+
+
+def indexer_key_reads(hardware: str, rows: int) -> float:
+    """Times a decode request's index keys are read per step, per query row of its `rows`:
+    ceil(rows / 2) / rows where the rows pair (INDEXER_ROW_PAIRS), else 1."""
+    pairs = INDEXER_ROW_PAIRS.get(GPU_FAMILY.get(hardware.lower(), ""))
+    if rows <= 1 or pairs is None or not pairs(rows):
+        return 1.0
+    return math.ceil(rows / 2) / rows
 
 
 def mla_shape_params(hidden: int, q_lora: int, kv_lora: int, nope: int, rope: int,
@@ -954,7 +982,9 @@ class Calibration:
         `candidate_pool` of them; None for a layer without one), by transfer from V4's
         measured indexer kernel (`dsv4_paged_mqa_logits`, beyond its range by what it reads
         and computes) at the context where it scores as many keys, its efficiency applied to
-        this layer's roofline (its index heads and key bytes). Flagged extrapolated."""
+        this layer's roofline (its index heads and key bytes). In decode its keys are read once
+        per pair of a request's query rows where the kernel pairs them (`indexer_key_reads`).
+        Flagged extrapolated."""
         if kind.index == "none":
             return None
         m, hw = inst.model, self.hardware
@@ -970,10 +1000,14 @@ class Calibration:
         p4 = np.maximum(4 * np.minimum((p + half) / kind.reads, cap) - half, 0.0)
         got = self.dsv4_kernel("dsv4_indexer", pinst, b, kn, p4)
         v4_roof, _ = self._dsv4_kernel_roof("dsv4_indexer", pinst)
+        reads = 1.0 if context else indexer_key_reads(hw.name, 1 + inst.spec_tokens)
         own = rf.sparse_attention(
             hw, b, kn, p, params=0.0, heads=0, qk_dim=0, v_dim=0, window=0, ratio=kind.reads,
             topk=1, index_heads=m.index_n_heads, index_dim=m.index_head_dim, entry_bytes=0.0,
-            index_bytes=INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim), index_cap=cap)
+            index_bytes=INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim), index_cap=cap,
+            bound="both" if reads == 1.0 else "each")
+        if reads != 1.0:  # the keys, its only bytes, read once for each pair of a request's rows
+            own = np.maximum(own[0], own[1] * reads)
         return got.transferred(own, v4_roof(b, kn, p4, heads))
 
     def dsv41_attention(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,

@@ -238,6 +238,28 @@ def test_a_dspark_draft_layer_reads_its_own_share_of_the_experts():
     assert small - 5 * head == pytest.approx((big - 5 * head) * ratio, rel=1e-9)
 
 
+def test_a_decode_indexer_reads_a_requests_keys_once_per_pair_of_its_rows():
+    """vLLM's V4.1 indexer on DeepGEMM pairs two query rows of one request (drafts + 1) and
+    loads their keys once: at 128K the scoring is memory-bound, so six rows a request cost half
+    of six requests' rows on Blackwell; on Hopper six rows are flattened (no pairing), four
+    (a native next_n) pair."""
+    source = kind("csa2_source_r2")
+
+    def scoring(hardware, requests, drafts, kv="fp4"):
+        inst = _inst(hardware=hardware, spec_tokens=drafts, kv_cache=kv, indexer_cache=kv)
+        cal = load_calibration(hardware, "vllm")
+        return float(cal.dsv41_indexer(source, False, inst, np.array([requests]), np.ones(1),
+                                       np.array([131_072.0])).ms[0])
+
+    assert scoring(GB300, 64 * 6, 5) == pytest.approx(scoring(GB300, 64 * 6, 0) / 2, rel=1e-12)
+    assert scoring(GB300, 64 * 3, 2) == pytest.approx(scoring(GB300, 64 * 3, 0) * 2 / 3,
+                                                      rel=1e-12)
+    h200 = load_hardware("h200")
+    assert scoring(h200, 64 * 6, 5, "fp8") == scoring(h200, 64 * 6, 0, "fp8")
+    assert scoring(h200, 64 * 4, 3, "fp8") == pytest.approx(
+        scoring(h200, 64 * 4, 0, "fp8") / 2, rel=1e-12)
+
+
 def test_mega_attention_prices_blackwell_decode():
     cal = load_calibration(GB300, "vllm")
 

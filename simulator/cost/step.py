@@ -429,8 +429,9 @@ class _Open:
     even: float
     """The most-loaded EP rank's assignments when they are spread evenly."""
     decode_only: bool
-    draft: tuple[float, float] | None
-    """MTP: (decode requests / tokens of the busiest ranks, lm_head ms); None without it."""
+    draft: tuple[float, float, float | None] | None
+    """MTP: (decode requests / tokens of the busiest ranks, lm_head ms, `_draft_attention`);
+    None without it."""
     accepted: float
     late: tuple[int, float] | None = None
     """V4.1 prefill: (MoE layers from `replay_from` on, their share of the step's tokens);
@@ -718,7 +719,8 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     led.add("dense", "lm_head", head, float(head.ms.max()))
     draft = None
     if spec and dec_b.any():
-        draft = (float(dec_b.max() / max(tokens.max(), 1)), float(head.ms.max()))
+        draft = (float(dec_b.max() / max(tokens.max(), 1)), float(head.ms.max()),
+                 _draft_attention(inst, led))
     accepted = dec_b * _expected_accepted(spec, inst.spec_acceptance) + pre_tok
     late = None
     if len(groups) > 1:
@@ -726,6 +728,21 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     decode_only = bool(dec_b.sum() > 0 and pre_tok.sum() == 0)
     return _Open(led, even, decode_only, draft, float(accepted.sum()), late,
                  _shares(inst, cal.engine, dec_b, pre_tok))
+
+
+def _draft_attention(inst: Instance, led: _Ledger) -> float | None:
+    """ms of one draft layer's attention over the step's decode rows (1 + drafts a request),
+    where the model's layers come in several kinds and the draft layers' kind is one of them
+    (V4.1's draft layers attend to their own window, as its window-only layers do): that
+    kind's decode parts over its layers. None where the draft layer is priced as a decoder
+    layer (a model of one kind, or a draft kind no decoder layer has)."""
+    m = inst.model
+    layers = dict(m.layer_kinds)
+    name = m.mtp_kind.name
+    if len(layers) < 2 or name not in layers:
+        return None
+    prefix = f"attention.{name}.decode."
+    return sum(v for k, v in led.parts.items() if k.startswith(prefix)) / layers[name]
 
 
 def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -> StepTime:
@@ -758,13 +775,19 @@ def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -
     spec = inst.spec_tokens
     if opened.draft is not None:  # draft layers: `spec` single-layer passes at the decode
         # batch (MTP), or one pass of `spec` rows a request (DSpark): the same work
-        ratio, head_ms = opened.draft
+        ratio, head_ms, own = opened.draft
         draft_frac = spec * m.mtp_layers / m.layers
         # a draft layer with fewer routed experts (DSpark: 128 of 384) reads and exchanges
-        # that share of a decoder layer's expert work; its attention is a decoder layer's
+        # that share of a decoder layer's expert work; its attention is a layer of its own
+        # kind where the model's layers differ (V4.1: a window-only layer), else a decoder
+        # layer's
         share = m.mtp_experts / m.n_routed_experts if m.mtp_experts and m.is_moe else 1.0
-        layer_work = (led.ms["attention"] + share * (led.ms["moe"]
-                                                     + led.ms["communication"])) * ratio
+        if own is None:
+            layer_work = (led.ms["attention"] + share * (led.ms["moe"]
+                                                         + led.ms["communication"])) * ratio
+        else:  # per decode token, over as many layers as the model has
+            layer_work = own * m.layers / (1 + spec) + share * (
+                led.ms["moe"] + led.ms["communication"]) * ratio
         led.add("other", "mtp_draft", None, draft_frac * layer_work + spec * head_ms)
         led.provenance["mtp_draft"] = led.provenance.get("routed_experts",
                                                          led.provenance["lm_head"])

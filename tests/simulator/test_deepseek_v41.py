@@ -227,15 +227,20 @@ def test_a_dspark_draft_layer_reads_its_own_share_of_the_experts():
     def draft(model):
         inst = _inst(model, ranks=16, spec_tokens=5, spec_acceptance=0.78)
         st = step_time(inst, Batch.decode(16, 32, 131_072), cal)
-        return st.parts["mtp_draft"], st.parts["lm_head"], st.breakdown
+        return st.parts["mtp_draft"], st.parts["lm_head"], st.breakdown, st.parts
 
-    small, head, b = draft(V41)
-    big, _, _ = draft(full)
+    small, head, b, parts = draft(V41)
+    big, _, _, _ = draft(full)
     assert small < big
-    # the same attention, a third of the expert work (128 of 384 experts)
-    ratio = (b["attention"] + (b["moe"] + b["communication"]) / 3) / (
-        b["attention"] + b["moe"] + b["communication"])
+    # the same attention, a window-only layer's (the draft layers' kind) over 40 layers, and a
+    # third of the expert work (128 of 384 experts); per decode token (six a request)
+    window = sum(v for k, v in parts.items()
+                 if k.startswith("attention.csa2_window.decode.")) / 2 * 40
+    assert window < b["attention"]  # the window-only layers read no records, score no keys
+    experts = b["moe"] + b["communication"]
+    ratio = (window + experts / 3) / (window + experts)
     assert small - 5 * head == pytest.approx((big - 5 * head) * ratio, rel=1e-9)
+    assert small - 5 * head == pytest.approx(5 * 3 / 40 * (window + experts / 3) / 6, rel=1e-9)
 
 
 def test_a_decode_indexer_reads_a_requests_keys_once_per_pair_of_its_rows():

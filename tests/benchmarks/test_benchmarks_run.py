@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from simulator.calibration.tables import OP_FILES
+from tests.benchmarks.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,3 +126,32 @@ def test_ttft_waves_prints_each_engines_first_wave_share():
     for cells in lines.values():
         share = float(cells[4].rstrip("%"))
         assert 0 < share < 100  # the first wave carries part of the mean, never all of it
+
+
+def test_grid_cells_counts_rows_and_points_by_cell(tmp_path, capsys, monkeypatch):
+    import pickle
+
+    from simulator.cost.step import Batch, Instance
+    from simulator.specs.hardware import load_hardware
+    from simulator.specs.model import load_model
+
+    grid = load_script("grid_cells")
+    # knots at 3 significant bits: 8, 10, 12, 14, 16, 20, 24, ...
+    assert [grid.knot_below(v, 3) for v in (0.0, 9.0, 10.0, 15.9, 17.0, 100.0)] == [
+        0.0, 8.0, 10.0, 14.0, 16.0, 96.0]
+    inst = Instance(model=load_model("deepseek-v4.1-flash"), hardware=load_hardware("gb300"),
+                    role="decode", ranks=2, expert_parallel=True, weights="fp4",
+                    kv_cache="fp4", indexer_cache="fp4")
+    # two decode rows 2 % apart share a cell at 3 bits; a prefill row is its own kind
+    steps = [(inst, Batch.decode(2, 8, 100_000), "vllm", None),
+             (inst, Batch.decode(2, 8, 102_000), "vllm", None),
+             (inst, Batch.prefill(2, 4096, 1, 8192), "vllm", None)]
+    path = tmp_path / "steps.pkl"
+    path.write_bytes(pickle.dumps(steps))
+    monkeypatch.setattr("sys.argv", ["grid_cells.py", "--record", str(path), "--bits", "3"])
+    grid.main()
+    out = capsys.readouterr().out
+    assert "3 composed steps" in out
+    assert "3 bits, step level, decode rows: 2 in 1 cells (2.00 a cell)" in out
+    assert "3 bits, step level, prefill rows: 1 in 1 cells" in out
+    assert "operation dsv41_indexer:" in out

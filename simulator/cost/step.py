@@ -430,8 +430,8 @@ class _Open:
     """The most-loaded EP rank's assignments when they are spread evenly."""
     decode_only: bool
     draft: tuple[float, float, float | None] | None
-    """MTP: (decode requests / tokens of the busiest ranks, lm_head ms, `_draft_attention`);
-    None without it."""
+    """Drafting: (decode requests / tokens of the busiest ranks, the drafts' logits ms
+    (`_draft_logits`), `_draft_attention`); None without it."""
     accepted: float
     late: tuple[int, float] | None = None
     """V4.1 prefill: (MoE layers from `replay_from` on, their share of the step's tokens);
@@ -719,7 +719,8 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     led.add("dense", "lm_head", head, float(head.ms.max()))
     draft = None
     if spec and dec_b.any():
-        draft = (float(dec_b.max() / max(tokens.max(), 1)), float(head.ms.max()),
+        draft = (float(dec_b.max() / max(tokens.max(), 1)),
+                 _draft_logits(inst, cal, dec_b, float(head.ms.max())),
                  _draft_attention(inst, led))
     accepted = dec_b * _expected_accepted(spec, inst.spec_acceptance) + pre_tok
     late = None
@@ -728,6 +729,24 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
     decode_only = bool(dec_b.sum() > 0 and pre_tok.sum() == 0)
     return _Open(led, even, decode_only, draft, float(accepted.sum()), late,
                  _shares(inst, cal.engine, dec_b, pre_tok))
+
+
+def _draft_logits(inst: Instance, cal: Calibration, dec_b: np.ndarray, head_ms: float) -> float:
+    """ms of the drafts' logits in a step whose LM head costs `head_ms`. MTP drafts one token
+    a pass, each pass with its own logits: `spec_tokens` x the head. DSpark drafts its block in
+    one pass (vllm/models/deepseek_v41/nvidia/dspark.py): one LM head over the block's rows,
+    then, position by position, the Markov head's bias on the logits (the previous drafted
+    token's embedding, of `dspark_markov_rank` dims, times a rank x vocabulary matrix)."""
+    m, spec = inst.model, inst.spec_tokens
+    if not m.dspark_block:
+        return spec * head_ms
+    vocab = m.vocab // inst.tp
+    block = cal.gemm(dec_b * spec, vocab, m.hidden, "bf16")
+    out = float(block.ms.max())
+    if m.dspark_markov_rank:
+        bias = cal.gemm(dec_b, vocab, m.dspark_markov_rank, "bf16")
+        out += spec * float(bias.ms.max())
+    return out
 
 
 def _draft_attention(inst: Instance, led: _Ledger) -> float | None:
@@ -775,7 +794,7 @@ def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -
     spec = inst.spec_tokens
     if opened.draft is not None:  # draft layers: `spec` single-layer passes at the decode
         # batch (MTP), or one pass of `spec` rows a request (DSpark): the same work
-        ratio, head_ms, own = opened.draft
+        ratio, logits_ms, own = opened.draft
         draft_frac = spec * m.mtp_layers / m.layers
         # a draft layer with fewer routed experts (DSpark: 128 of 384) reads and exchanges
         # that share of a decoder layer's expert work; its attention is a layer of its own
@@ -788,7 +807,7 @@ def _close(inst: Instance, opened: _Open, cal: Calibration, top: float | None) -
         else:  # per decode token, over as many layers as the model has
             layer_work = own * m.layers / (1 + spec) + share * (
                 led.ms["moe"] + led.ms["communication"]) * ratio
-        led.add("other", "mtp_draft", None, draft_frac * layer_work + spec * head_ms)
+        led.add("other", "mtp_draft", None, draft_frac * layer_work + logits_ms)
         led.provenance["mtp_draft"] = led.provenance.get("routed_experts",
                                                          led.provenance["lm_head"])
     if inst.prefetch is not None:  # each offloaded layer's copy under the layer before it

@@ -168,6 +168,9 @@ class ModelSpec(BaseModel):
     layers, one token per pass)."""
     dspark_targets: int = Field(0, ge=0)
     """DSpark: target layers whose inputs the first draft layer projects (main_proj)."""
+    dspark_markov_rank: int = Field(0, ge=0)
+    """DSpark: rank of the Markov head, whose low-rank bias on each drafted position's logits
+    follows the token drafted before it (0: none)."""
 
     @property
     def is_moe(self) -> bool:
@@ -469,6 +472,7 @@ CONFIG_FIELDS: dict[str, FieldKind] = {
     "engram_num_embeddings": _list_of(_ints(1, 1 << 40)), "engram_n_heads": HEADS,
     "engram_head_dim": WIDTH, "engram_max_ngram_size": SMALL, "dspark_block_size": SMALL,
     "dspark_target_layer_ids": _list_of(_ints(0, 4095)), "dspark_n_routed_experts": EXPERTS,
+    "dspark_markov_rank": _ints(0, 1 << 16),
 }
 """config.json key -> what it may hold: every field a builder reads (and the nested objects a
 config carries), checked before any arithmetic; null counts as absent."""
@@ -691,6 +695,7 @@ def _v41_spec(name: str, arch: str, cfg: dict[str, Any], quant: dict[str, Any]) 
         mtp_experts=_get(cfg, "dspark_n_routed_experts", default=0) if block else 0,
         dspark_block=block,
         dspark_targets=len(_get(cfg, "dspark_target_layer_ids", default=[])) if block else 0,
+        dspark_markov_rank=_get(cfg, "dspark_markov_rank", default=0) if block else 0,
     )
 
 GQA_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")

@@ -227,11 +227,17 @@ def test_a_dspark_draft_layer_reads_its_own_share_of_the_experts():
     def draft(model):
         inst = _inst(model, ranks=16, spec_tokens=5, spec_acceptance=0.78)
         st = step_time(inst, Batch.decode(16, 32, 131_072), cal)
-        return st.parts["mtp_draft"], st.parts["lm_head"], st.breakdown, st.parts
+        return st.parts["mtp_draft"], st.breakdown, st.parts
 
-    small, head, b, parts = draft(V41)
-    big, _, _, _ = draft(full)
+    small, b, parts = draft(V41)
+    big, _, _ = draft(full)
     assert small < big
+    # the drafts' logits: one LM head over the block's 5 rows a request, then the Markov
+    # head's rank-256 bias on each of the 5 positions
+    vocab = V41.vocab
+    logits = (cal.gemm(np.array([32.0 * 5]), vocab, V41.hidden, "bf16").ms[0]
+              + 5 * cal.gemm(np.array([32.0]), vocab, 256, "bf16").ms[0])
+    assert logits < 5 * parts["lm_head"]  # not five heads over the step's six rows a request
     # the same attention, a window-only layer's (the draft layers' kind) over 40 layers, and a
     # third of the expert work (128 of 384 experts); per decode token (six a request)
     window = sum(v for k, v in parts.items()
@@ -239,8 +245,21 @@ def test_a_dspark_draft_layer_reads_its_own_share_of_the_experts():
     assert window < b["attention"]  # the window-only layers read no records, score no keys
     experts = b["moe"] + b["communication"]
     ratio = (window + experts / 3) / (window + experts)
-    assert small - 5 * head == pytest.approx((big - 5 * head) * ratio, rel=1e-9)
-    assert small - 5 * head == pytest.approx(5 * 3 / 40 * (window + experts / 3) / 6, rel=1e-9)
+    assert small - logits == pytest.approx((big - logits) * ratio, rel=1e-9)
+    assert small - logits == pytest.approx(5 * 3 / 40 * (window + experts / 3) / 6, rel=1e-9)
+
+
+def test_an_mtp_draft_pays_one_lm_head_a_drafted_token():
+    """V4-Flash's MTP layer (an SWA layer) drafts one token a pass: three passes, each with
+    its LM head and one SWA layer's attention and expert work per token."""
+    v4 = _inst(V4, ranks=16, spec_tokens=3, spec_acceptance=0.8, kv_cache="fp8",
+               indexer_cache="fp8")
+    st = step_time(v4, Batch.decode(16, 32, 131_072), load_calibration(GB300, "vllm"))
+    assert V4.mtp_kind.name == "swa" and V4.layers == 43
+    swa = sum(v for k, v in st.parts.items() if k.startswith("attention.swa.decode.")) / 2
+    experts = st.breakdown["moe"] + st.breakdown["communication"]
+    assert st.parts["mtp_draft"] == pytest.approx(
+        3 * st.parts["lm_head"] + 3 / 43 * (swa * 43 + experts) / 4, rel=1e-9)
 
 
 def test_a_decode_indexer_reads_a_requests_keys_once_per_pair_of_its_rows():

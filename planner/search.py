@@ -233,6 +233,27 @@ def records(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
     return out
 
 
+NEAR_MISSES = 2
+"""Near misses whose neighbours a refinement's repair round tries (the best by the objective
+first): each brings up to twice the knobs' count of trials."""
+
+
+def near_misses(simulated: list[dict[str, Any]], best: int, objective: str,
+                most: int) -> list[int]:
+    """Trial numbers of the simulated records (each deployment's first) that rank above the
+    record of trial `best` by the objective but miss an SLO, best first, at most `most`."""
+    from planner.plan import RANKS
+
+    rank = RANKS[objective]
+    top = next((r for r in simulated if r["number"] == best), None)
+    if top is None:
+        return []
+    above = sorted((r for r in simulated
+                    if not r.get("meets_slo") and r.get("metrics") and rank(r) < rank(top)),
+                   key=rank)
+    return [int(r["number"]) for r in above[:most]]
+
+
 def simulations(trials: list[FrozenTrial]) -> int:
     """Simulations the trials ran (reused ones not counted)."""
     return sum(r["stage"] == "simulated" and "reused" not in r for r in records(trials))
@@ -390,28 +411,49 @@ class Loop:
         """Up to `refine` rounds of local search around the best plan: each enqueues the best's
         one-knob neighbours not simulated yet (at its load) as trials of the study, which are
         screened and simulated like the sampler's, so a resumed search skips what is done;
-        the next round starts from the best plan then, and the rounds stop once one finds
-        nothing better or nothing new. TPE lands on different regions from seed to seed; a
-        few steps downhill from where it stopped reach plans it missed."""
+        the next round starts from the best plan then. TPE lands on different regions from
+        seed to seed; a few steps downhill from where it stopped reach plans it missed.
+
+        A round that finds nothing better is followed by a repair round: the neighbours of its
+        near misses (`near_misses`: simulated plans that beat the best on the objective but
+        miss an SLO), one more knob away from the best, which reach a better plan that needs
+        two knobs moved together (a larger prefill step that brings the TTFT a smaller DP size
+        cost back under its SLO, say). The rounds stop once a round and its repair find
+        nothing better or nothing new."""
         from planner.space import adjacent_points
 
         space = self.config.space
+
+        def unseen(points: list[dict[str, Any]], have: set[str]) -> list[dict[str, Any]]:
+            todo = []
+            for params in points:
+                key = _key(dump_deployment(deployment_from_params(space, params)),
+                           params.get("load"))
+                if key not in have:
+                    have.add(key)
+                    todo.append(params)
+            return todo
+
+        attrs = {"fixed": True, "refine": True}
         for _ in range(self.config.refine):
             self._sync()
             start = self._best()
             if start is None or self._capped:
                 return
             have = set(self.history.simulated)
-            todo = []
-            for params in adjacent_points(space, self.history.params[start]):
-                key = _key(dump_deployment(deployment_from_params(space, params)),
-                           params.get("load"))
-                if key not in have:
-                    have.add(key)
-                    todo.append(params)
-            if not todo:
+            todo = unseen(adjacent_points(space, self.history.params[start]), have)
+            if todo:
+                self._run_enqueued(todo, attrs, progress, pool)
+                self._sync()
+                if self._best() != start:
+                    continue
+            misses = near_misses(list(self.history.simulated.values()), start,
+                                 self.config.objective, NEAR_MISSES)
+            repair = unseen([p for n in misses for p in adjacent_points(
+                space, self.history.params[n])], have)
+            if not repair:
                 return
-            self._run_enqueued(todo, {"fixed": True, "refine": True}, progress, pool)
+            self._run_enqueued(repair, {**attrs, "repair": True}, progress, pool)
             self._sync()
             if self._best() == start:
                 return

@@ -372,3 +372,57 @@ def test_refinement_climbs_from_where_the_trials_stopped_to_a_planted_best(tmp_p
     assert extra and all(t.number >= 4 for t in extra)
     again = run_search(refined_cfg, evaluate=fake)
     assert len(finished(again)) == len(finished(refined))
+
+
+class Valley:
+    """Throughput grows with the decode batch limit; 90 % of users stay fast only at DEP8 with
+    at most 32 sequences a rank or at DEP16 with at least 64: from the small DEP8 plans no
+    single knob reaches a better feasible plan, two together do."""
+
+    def __call__(self, d):
+        import math
+
+        seqs, dep = d.decode.max_num_seqs, d.decode.dep
+        fast = (dep == 8 and seqs <= 32) or (dep == 16 and seqs >= 64)
+        return metrics(throughput=1000.0 + 100.0 * math.log2(seqs / 16), user=50.0 if fast
+                       else 30.0)
+
+
+def test_a_repair_round_moves_two_knobs_where_one_finds_only_near_misses(tmp_path, monkeypatch):
+    """One-knob refinement stops on a plan whose better neighbours all miss an SLO; the repair
+    round tries those near misses' neighbours and climbs on from the feasible one."""
+    import planner.search as search
+
+    slo = (SLO("tok_s_user_p90", 40.0),)
+    s = space(layouts=("pd",), deps=(8, 16), mtp_tokens=(0,))
+    # seed 3: its two sampled trials land among the small DEP8 plans (most seeds land where
+    # one-knob steps climb to the best)
+    cfg = config(tmp_path, space=s, trials=2, startup_trials=2, slos=slo, refine=10, seed=3)
+
+    def best(storage, misses):
+        monkeypatch.setattr(search, "NEAR_MISSES", misses)
+        got = summarize(trial_records(run_search(
+            dataclasses.replace(cfg, storage=f"sqlite:///{tmp_path}/{storage}.db"),
+            evaluate=Valley())), slo)
+        d = load_deployment(got.best["deployment"])
+        return d.decode.dep, d.decode.max_num_seqs, got
+
+    one_knob = best("plain", 0)
+    assert one_knob[:2] == (8, 32)  # stuck: (8, 64) is faster but misses the SLO
+    repaired = best("repaired", 2)
+    assert repaired[:2] == (16, 256)
+    numbers = [r["number"] for r in trial_records(run_search(dataclasses.replace(
+        cfg, storage=f"sqlite:///{tmp_path}/repaired.db"), evaluate=Valley()))]
+    assert len(numbers) == len(set(numbers))
+
+
+def test_near_misses_rank_above_the_best_and_miss_an_slo():
+    from planner.search import near_misses
+
+    recs = [{"number": 0, "meets_slo": True, "metrics": metrics(1000.0, 50.0)},
+            {"number": 1, "meets_slo": False, "metrics": metrics(1200.0, 30.0)},
+            {"number": 2, "meets_slo": False, "metrics": metrics(900.0, 30.0)},
+            {"number": 3, "meets_slo": False, "metrics": metrics(1300.0, 30.0)}]
+    assert near_misses(recs, 0, "slo", 2) == [3, 1]
+    assert near_misses(recs, 0, "slo", 1) == [3]
+    assert near_misses(recs, 7, "slo", 2) == []

@@ -762,8 +762,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop once the study has run N simulations (default: no limit)")
     p.add_argument("--refine", type=int, default=defaults.REFINE, metavar="N",
                    help="rounds of local search around the best plan after the trials: its "
-                        "one-knob neighbours, screened and simulated; stops early when a round "
-                        f"finds nothing better (0: none; default {defaults.REFINE})")
+                        "one-knob neighbours, screened and simulated, and where they find "
+                        "nothing better, the neighbours of the faster plans that missed an SLO; "
+                        f"stops early when neither finds anything better (0: none; default "
+                        f"{defaults.REFINE})")
     p.add_argument("--no-screen", action="store_true",
                    help="simulate every feasible point (no analytic screening)")
     p.add_argument("--out", default=defaults.OUT, help=f"plan file (default {defaults.OUT})")

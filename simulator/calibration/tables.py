@@ -1000,14 +1000,14 @@ class Calibration:
         p4 = np.maximum(4 * np.minimum((p + half) / kind.reads, cap) - half, 0.0)
         got = self.dsv4_kernel("dsv4_indexer", pinst, b, kn, p4)
         v4_roof, _ = self._dsv4_kernel_roof("dsv4_indexer", pinst)
+        # the keys are the roofline's only bytes: in decode, read once per pair of a request's
+        # rows where the kernel pairs them
         reads = 1.0 if context else indexer_key_reads(hw.name, 1 + inst.spec_tokens)
         own = rf.sparse_attention(
             hw, b, kn, p, params=0.0, heads=0, qk_dim=0, v_dim=0, window=0, ratio=kind.reads,
             topk=1, index_heads=m.index_n_heads, index_dim=m.index_head_dim, entry_bytes=0.0,
-            index_bytes=INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim), index_cap=cap,
-            bound="both" if reads == 1.0 else "each")
-        if reads != 1.0:  # the keys, its only bytes, read once for each pair of a request's rows
-            own = np.maximum(own[0], own[1] * reads)
+            index_bytes=INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim) * reads,
+            index_cap=cap)
         return got.transferred(own, v4_roof(b, kn, p4, heads))
 
     def dsv41_attention(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,

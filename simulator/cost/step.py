@@ -545,9 +545,12 @@ def rank_work_ms(inst: Instance, batch: Batch, cal: Calibration, replay: bool | 
 
 def _head(inst: Instance, cal: Calibration, dec_b: np.ndarray, pre_req: np.ndarray) -> Priced:
     """The LM head on each rank: a row per decode token (drafts included) and per prompt."""
-    m = inst.model
-    return cal.gemm(dec_b * (1 + inst.spec_tokens) + pre_req, m.vocab // inst.tp, m.hidden,
-                    "bf16")
+    return _logits(inst, cal, dec_b * (1 + inst.spec_tokens) + pre_req, inst.model.hidden)
+
+
+def _logits(inst: Instance, cal: Calibration, rows: np.ndarray, width: int) -> Priced:
+    """`rows` per rank projected from `width` dims onto the rank's share of the vocabulary."""
+    return cal.gemm(rows, inst.model.vocab // inst.tp, width, "bf16")
 
 
 def step_shares(inst: Instance, batch: Batch, engine: str) -> bool:
@@ -740,12 +743,9 @@ def _draft_logits(inst: Instance, cal: Calibration, dec_b: np.ndarray, head_ms: 
     m, spec = inst.model, inst.spec_tokens
     if not m.dspark_block:
         return spec * head_ms
-    vocab = m.vocab // inst.tp
-    block = cal.gemm(dec_b * spec, vocab, m.hidden, "bf16")
-    out = float(block.ms.max())
+    out = float(_logits(inst, cal, dec_b * spec, m.hidden).ms.max())
     if m.dspark_markov_rank:
-        bias = cal.gemm(dec_b, vocab, m.dspark_markov_rank, "bf16")
-        out += spec * float(bias.ms.max())
+        out += spec * float(_logits(inst, cal, dec_b, m.dspark_markov_rank).ms.max())
     return out
 
 

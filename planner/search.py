@@ -6,7 +6,9 @@ Each trial draws a deployment from the space and goes as far as it deserves:
    (`space.check`) — never simulated; told PRUNED with the reason;
 2. screened out: the analytic screen's estimate, corrected by what simulation has shown so far,
    cannot plausibly meet the SLOs or is clearly worse than the best plan so far (`Gate`) —
-   told PRUNED, the estimate reported as an intermediate value (single objective);
+   told PRUNED, the estimate reported as an intermediate value (single objective). A point kept
+   out by the estimate of another point of its round is asked again, once, when that point's
+   simulation lets it through (`Loop._unblock`);
 3. simulated: the evaluation function (discrete-event simulation) gives the metrics; told
    COMPLETE with the objective values and the SLO violation as a constraint. A deployment
    simulated before reuses its metrics instead of running again. An evaluation that raises
@@ -350,6 +352,11 @@ class Loop:
         self._enqueued: set[int] = set()
         self._deferred: dict[int, list[int]] = {}
         """Pending trial number -> trials screened out this round as twins of it."""
+        self._blocked: dict[int, list[tuple[int, str, dict[str, Any]]]] = {}
+        """Pending trial number -> (number, layout, screen estimate) of the trials screened out
+        this round because its estimate looked better (see `_unblock`)."""
+        self._reasked: set[str] = set()
+        """Point keys asked again after their blocker's simulation (once each)."""
         self._count = 0
         """Trials the study holds, as far as this loop knows."""
         self._waiting: set[int] = set()
@@ -520,6 +527,7 @@ class Loop:
             for told in self._evaluate(pending, pool):
                 self._told(told, progress)
             self._near_twins(pending)
+            self._unblock(pending)
         except BaseException as e:  # interrupted, or a worker died: leave no trial running,
             for t in [*(p.trial for p in pending), *([trial] if trial else [])]:
                 told = self.study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
@@ -530,7 +538,9 @@ class Loop:
             raise
         finally:
             self.beats.release()
-        return more
+        # points the round's results asked again (`_near_twins`, `_unblock`) run next, within
+        # the budget
+        return (more or bool(self._waiting)) and not self._capped
 
     def _ask(self) -> optuna.Trial | None:
         """A trial within the budget, or None when the budget is taken (a trial asked beyond
@@ -614,7 +624,11 @@ class Loop:
             decision = self.gate.decide(record["layout"], estimate,
                                         [*self.history.seen, *waiting])
             if not decision.simulate:
-                if all(decision.blocker != p.trial.number for p in pending):
+                blocker = decision.blocker
+                if blocker is not None and any(blocker == p.trial.number for p in pending):
+                    self._blocked.setdefault(blocker, []).append(
+                        (trial.number, record["layout"], estimate))
+                else:
                     self._enqueue(decision.blocker)
                 value = objective_values(estimate, self.config.objective)[0]
                 if len(self.config.directions) == 1:
@@ -666,6 +680,21 @@ class Loop:
                 continue
             for number in twins[: self.gate.near_twins - 1]:
                 self._enqueue(number)
+
+    def _unblock(self, pending: list[_Pending]) -> None:
+        """After a round: a point screened out because a point of this round looked better was
+        judged against that point's estimate, not its simulation. Once the blocker is
+        simulated, each point it kept out that the gate would now let through (the blocker
+        missed an SLO, or came out below its estimate) is asked again, once: a refinement's
+        neighbours are otherwise lost for good to a pending neighbour that disappoints."""
+        for p in pending:
+            for number, layout, estimate in self._blocked.pop(p.trial.number, []):
+                key = self.history.key_of.get(number)
+                if key is None or key in self._reasked or key in self.history.simulated:
+                    continue
+                if self.gate.decide(layout, estimate, self.history.seen).simulate:
+                    self._reasked.add(key)
+                    self._enqueue(number)
 
     def _fewer_gpus(self, gpus: int) -> str:
         """Objective gpus: why a point on `gpus` GPUs need not run ('' when it may)."""
@@ -730,6 +759,8 @@ class Loop:
         self._enqueued.add(number)
         self.study.enqueue_trial(self.history.params[number], user_attrs={"fixed": True},
                                  skip_if_exists=False)
+        if self._sweeping:  # the refinement and the load sweep run every trial they enqueue
+            self.budget += 1
         if self._count < self.budget:
             self._waiting.add(self._count)
         self._count += 1

@@ -416,6 +416,52 @@ def test_a_repair_round_moves_two_knobs_where_one_finds_only_near_misses(tmp_pat
     assert len(numbers) == len(set(numbers))
 
 
+class Mirage:
+    """Throughput grows with the decode batch limit and every plan keeps 90 % of users fast,
+    but for 64 sequences a rank; the screen sees that one at five times its throughput and
+    the others as they are (`estimate`)."""
+
+    def __call__(self, d):
+        import math
+
+        seqs = d.decode.max_num_seqs
+        return metrics(throughput=1000.0 + 100.0 * math.log2(seqs / 16),
+                       user=30.0 if seqs == 64 else 50.0)
+
+    def estimate(self, resolved):
+        got = self(resolved.deployment)
+        if resolved.deployment.decode.max_num_seqs == 64:
+            got = metrics(throughput=5000.0, user=50.0)
+        return got
+
+
+def test_points_kept_out_by_a_neighbour_that_disappoints_are_asked_again(tmp_path, monkeypatch):
+    """Points screened together in one round: one whose estimate towers over the rest keeps
+    them out while it waits for its simulation. Simulated, it misses the SLO; the points it
+    kept out are then asked again and simulated (once), and the best of them is the plan, not
+    lost to an estimate the simulation refuted."""
+    from planner.space import enumerate_params
+
+    slo = (SLO("tok_s_user_p90", 40.0),)
+    s = space(layouts=("pd",), deps=(8,), max_num_seqs=(16, 32, 64), mtp_tokens=(0,))
+    fake = Mirage()
+    monkeypatch.setattr(Loop, "_screen", lambda self, *a: fake.estimate)
+    base = next(enumerate_params(s))
+    points = [{**base, "decode_max_num_seqs": n} for n in (64, 16, 32)]  # 64 asked first
+    loop = Loop(config(tmp_path, space=s, trials=0, screen=True, slos=slo), fake)
+    try:
+        loop._run_enqueued(points, {"fixed": True, "refine": True}, None, None)
+    finally:
+        loop.close()
+    recs = trial_records(loop.study)
+    seqs = [(load_deployment(r["deployment"]).decode.max_num_seqs, r["stage"]) for r in recs]
+    assert seqs == [(64, "simulated"), (16, "screened_out"), (32, "screened_out"),
+                    (16, "simulated"), (32, "simulated")]
+    assert "best screened 5,000" in recs[1]["reason"]
+    best = summarize(recs, slo).best
+    assert load_deployment(best["deployment"]).decode.max_num_seqs == 32
+
+
 def test_near_misses_rank_above_the_best_and_miss_an_slo():
     from planner.search import near_misses
 

@@ -270,9 +270,9 @@ class CachedCalibration:
             return Priced(np.array([stored[i]]).reshape(shape), SOURCES[codes[i]], tables[i],
                           np.array([codes[i]]).reshape(shape))
         ms = np.array([stored[i] for i in at]).reshape(shape)
-        point = np.array([codes[i] for i in at]).reshape(shape)
-        return Priced(ms, SOURCES[int(point.max())],
-                      " + ".join(dict.fromkeys(tables[i] for i in at)), point)
+        got = [codes[i] for i in at]
+        return Priced(ms, SOURCES[max(got)], " + ".join(dict.fromkeys(tables[i] for i in at)),
+                      np.array(got).reshape(shape))
 
     def _points(self, name: str, varying: tuple[int, ...], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> _Points:

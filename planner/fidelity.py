@@ -21,7 +21,8 @@ capacity, raised by the throughput error, still falls short of it.
 Not clearly worse, objective slo: its corrected throughput is within `margin` of the best of
 (a) the feasible simulated plans and (b) the corrected estimates of SLO-plausible points not
 simulated yet — so simulations go to the points the screen ranks highest (the search re-enqueues
-a screened point that blocks others, so that it is simulated in turn) — or within the measured
+a screened point that blocks others, so that it is simulated in turn, and asks again the points
+a blocker kept out once its simulation lets them through) — or within the measured
 throughput error (exp(-over), without the prior: this rule orders the simulations, it does not
 decide feasibility) where that is wider. Objective pareto: it is not dominated by a feasible
 simulated plan on both axes by `margin`, or by the measured error of that axis where wider. A

@@ -29,7 +29,8 @@ simulated plan on both axes by `margin`, or by the measured error of that axis w
 point whose estimate matches one already simulated (it differs only in what the screen cannot
 see, such as redundant experts or an unreached batch limit) is not simulated again — unless
 that one missed the SLOs by at most `near` (10 %), where what the screen cannot see may tip it
-over, and then for at most `near_twins` twins of one estimate. The first
+over, and then for at most `near_twins` twins of one estimate with different outcomes (twice as
+many in all). The first
 `warmup` screened points are only screened, so that the first simulation goes to the best of
 them.
 """
@@ -113,7 +114,10 @@ class Gate:
     near: float = 0.10
     """Relative SLO miss (summed) of a simulated point within which its twins still run."""
     near_twins: int = 3
-    """Most simulated twins of one estimate while they all miss by at most `near`."""
+    """Most simulated twins of one estimate while they all miss by at most `near`, counted by
+    their different outcomes (twins that came out alike count once: redundant experts that
+    change nothing leave room for a batch limit the screen cannot see), and twice as many in
+    all."""
     warmup: int = 8
     """Screened points to see before the first simulation, so that it goes to the best of them
     rather than to the first plausible one."""
@@ -173,7 +177,8 @@ class Gate:
         """Whether to simulate a point of `layout` with screen `estimate`."""
         fix = _Corrections(self, history)
         twins = self._twins(layout, estimate, history)
-        if twins and (len(twins) >= self.near_twins
+        if twins and (self._outcomes(twins) >= self.near_twins
+                      or len(twins) >= 2 * self.near_twins
                       or any(not self.near_miss(h) for h in twins)):
             return Decision(False, f"screen: {TWIN} {twins[0].number}")
         why = self._implausible(layout, estimate, fix)
@@ -248,6 +253,17 @@ class Gate:
         """The simulated points of this layout whose screen estimate matches this one."""
         return [h for h in history if h.screen is not None and h.metrics is not None
                 and h.layout == layout and self.same_estimate(estimate, h.screen)]
+
+    def _outcomes(self, twins: Sequence[Seen]) -> int:
+        """How many different outcomes the simulated `twins` came to: a twin whose metrics
+        match an earlier twin's (within `same`) showed that what it changed does not matter
+        here, and taught nothing about the knobs still untried."""
+        kept: list[Mapping[str, Any]] = []
+        for h in twins:
+            if h.metrics is not None and not any(self.same_estimate(h.metrics, k)
+                                                 for k in kept):
+                kept.append(h.metrics)
+        return len(kept)
 
     def near_miss(self, h: Seen) -> bool:
         """A simulated point that missed its SLOs by at most `near` in all: what the screen

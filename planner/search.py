@@ -90,6 +90,8 @@ from simulator.specs.loading import dump_deployment, dump_workload
 from simulator.specs.workload import Workload
 from simulator.workers import LazyPool
 
+ROLES = ("prefill", "decode", "aggregated")
+"""A deployment's role sections."""
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 REJECTED_VIOLATION = 1e3
 """Constraint value of a rejected point: worse than any SLO miss."""
@@ -448,7 +450,8 @@ class Loop:
             if start is None or self._capped:
                 return
             have = set(self.history.simulated)
-            todo = unseen(adjacent_points(space, self.history.params[start]), have)
+            todo = unseen(adjacent_points(space, self.history.params[start],
+                                          self._running(start)), have)
             if todo:
                 self._run_enqueued(todo, attrs, progress, pool)
                 self._sync()
@@ -457,13 +460,20 @@ class Loop:
             misses = near_misses(list(self.history.simulated.values()), start,
                                  self.config.objective, NEAR_MISSES)
             repair = unseen([p for n in misses for p in adjacent_points(
-                space, self.history.params[n])], have)
+                space, self.history.params[n], self._running(n))], have)
             if not repair:
                 return
             self._run_enqueued(repair, {**attrs, "repair": True}, progress, pool)
             self._sync()
             if self._best() == start:
                 return
+
+    def _running(self, number: int) -> float | None:
+        """The requests a decode rank of trial `number`'s point holds, as its screen estimated
+        them (None unscreened)."""
+        record = self.history.simulated.get(self.history.key_of.get(number, ""), {})
+        held = (record.get("screen") or {}).get("decode_batch")
+        return float(held) if isinstance(held, int | float) else None
 
     def _run_enqueued(self, todo: list[dict[str, Any]], attrs: dict[str, Any],
                       progress: Progress | None, pool: LazyPool | None) -> None:
@@ -672,14 +682,25 @@ class Loop:
     def _near_twins(self, pending: list[_Pending]) -> None:
         """After a round: the twins screened out beside a point that then missed its SLOs
         narrowly (`Gate.near`) are asked again (up to `Gate.near_twins` in all), since what
-        the screen cannot see may tip them over."""
+        the screen cannot see may tip them over. Twins that differ from it in more than
+        redundant experts go first: the simulations have shown those alone change nothing
+        where twins came out alike (`Gate._outcomes`), while a batch limit the screen takes
+        for unreached may bind."""
         for p in pending:
             twins = self._deferred.pop(p.trial.number, [])
             seen = next((h for h in self.history.seen if h.number == p.trial.number), None)
             if not twins or seen is None or not self.gate.near_miss(seen):
                 continue
+            mine = _unreplicated(p.record["deployment"])
+            twins.sort(key=lambda n: _unreplicated(self._record(n)["deployment"]) == mine)
             for number in twins[: self.gate.near_twins - 1]:
                 self._enqueue(number)
+
+    def _record(self, number: int) -> dict[str, Any]:
+        """The record of a finished trial this loop knows."""
+        trial = next(t for t in reversed(self.history.trials) if t.number == number)
+        record: dict[str, Any] = trial.user_attrs["record"]
+        return record
 
     def _unblock(self, pending: list[_Pending]) -> None:
         """After a round: a point screened out because a point of this round looked better was
@@ -864,6 +885,13 @@ def _outcome(evaluate: Evaluate, deployment: Deployment) -> tuple[str, Any]:
         return "rejected", str(e)
     except Exception as e:  # a simulator bug on one point should not end the search
         return "failed", f"{type(e).__name__}: {e}"
+
+
+def _unreplicated(deployment: dict[str, Any]) -> str:
+    """A deployment's plain data without its roles' redundant experts, as a key."""
+    plain = {k: ({**v, "redundant_experts": 0} if k in ROLES and isinstance(v, dict) else v)
+             for k, v in deployment.items()}
+    return json.dumps(plain, sort_keys=True)
 
 
 def _key(deployment: dict[str, Any], load: float | None = None) -> str:

@@ -13,6 +13,7 @@ simulation: the GPU budget, then `resolve` (model rules, memory, topology).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -310,23 +311,33 @@ def pd_sizes(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, tuple[i
     return {"prefill": (prefill, n_prefill), "decode": (decode, n_decode)}
 
 
-def adjacent_points(space: SearchSpace, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+def adjacent_points(space: SearchSpace, params: Mapping[str, Any],
+                    running: float | None = None) -> list[dict[str, Any]]:
     """The points one knob away from `params` (a point of `suggest`): each role's DEP, instance
     count, redundant experts, token and sequence limits, draft tokens, all-to-all backend and
     overlap moved to the next choice down and up, in that order, role by role. A new DEP takes
     the instance count and redundant experts nearest to the point's among its own choices;
     the layout and the load stay. Moves start from the deployed plan (`as_deployed`), and a
-    move that deploys as the plan or as an earlier move is left out."""
+    move that deploys as the plan or as an earlier move is left out.
+
+    `running`: the requests a decode (or aggregated) rank of the point holds, as the screen
+    estimates them (its `decode_batch`, a mean). Where the sequence limit is above it, the
+    limit hardly binds, and nor do the choices well above it: the move down goes to the choice
+    nearest to `running` (in ratio; the smaller of a tie), where a limit starts to change
+    what the ranks run, instead of a step along the plateau."""
     roles = ("prefill", "decode") if params["layout"] == "pd" else ("aggregated",)
     params = as_deployed(space, params)
     out: list[dict[str, Any]] = []
 
-    def step(name: str, options: Sequence[Any]) -> None:
+    def step(name: str, options: Sequence[Any], held: float | None = None) -> None:
         choices = list(options)
         if name not in params or params[name] not in choices:
             return
         i = choices.index(params[name])
-        for j in (i - 1, i + 1):
+        down = i - 1
+        if held is not None and held > 0 and choices[i] > held and i > 0:
+            down = min(range(i), key=lambda j: (abs(math.log(choices[j] / held)), choices[j]))
+        for j in (down, i + 1):
             if 0 <= j < len(choices):
                 out.append({**params, name: choices[j]})
 
@@ -352,7 +363,8 @@ def adjacent_points(space: SearchSpace, params: Mapping[str, Any]) -> list[dict[
         step(f"{role}_instances_dep{dep}", range(low, high + 1))
         step(f"{role}_redundant_dep{dep}", space.redundant.get(dep, ()))
         step(f"{role}_max_num_batched_tokens", space.max_num_batched_tokens)
-        step(f"{role}_max_num_seqs", space.max_num_seqs)
+        step(f"{role}_max_num_seqs", space.max_num_seqs,
+             None if role == "prefill" else running)
         step(f"{role}_mtp_tokens", space.mtp_tokens)
         step(f"{role}_all2all", space.all2all)
         step(f"{role}_dbo", space.dbo)

@@ -150,8 +150,14 @@ def test_twins_of_a_near_miss_are_simulated_a_few_times_then_not():
     near = {**est, "ttft_ms": {"p90": 2100.0}}  # missed by 5 %: redundant experts may tip it
     far = {**est, "ttft_ms": {"p90": 3000.0}}  # missed by 50 %: a twin cannot make it
     assert gate.decide("aggregated", est, [Seen(0, "aggregated", est, near)]).simulate
-    history = [Seen(i, "aggregated", est, near) for i in range(gate.near_twins)]
+    history = [Seen(i, "aggregated", est, {**near, "ttft_ms": {"p90": 2020.0 + 60 * i}})
+               for i in range(gate.near_twins)]  # three near misses, each its own outcome
     d = gate.decide("aggregated", est, history)
     assert not d.simulate and TWIN in d.reason
+    # twins that came out alike (redundant experts that change nothing) count once, up to
+    # twice the count in all: a knob the screen cannot see is still tried
+    alike = [Seen(i, "aggregated", est, near) for i in range(2 * gate.near_twins)]
+    assert gate.decide("aggregated", est, alike[:gate.near_twins]).simulate
+    assert not gate.decide("aggregated", est, alike).simulate
     d = gate.decide("aggregated", est, [Seen(0, "aggregated", est, far)])
     assert not d.simulate and d.reason == f"screen: {TWIN} 0"

@@ -462,6 +462,44 @@ def test_points_kept_out_by_a_neighbour_that_disappoints_are_asked_again(tmp_pat
     assert load_deployment(best["deployment"]).decode.max_num_seqs == 32
 
 
+class Unseen:
+    """The screen sees every point alike; simulated, every point misses the SLO narrowly (38
+    tok/s/user against 40) but for a limit of 16 sequences a rank, which meets it."""
+
+    def __call__(self, d):
+        return metrics(throughput=1000.0, user=50.0 if d.decode.max_num_seqs == 16 else 38.0)
+
+    def estimate(self, resolved):
+        return metrics(throughput=1000.0, user=50.0)
+
+
+def test_twins_of_a_near_miss_that_change_more_than_redundant_experts_go_first(
+        tmp_path, monkeypatch):
+    """Three points screened beside a point of the same estimate wait for its simulation; it
+    misses its SLO narrowly, and two of them are asked again. The one that changes the batch
+    limit goes before the two that change only redundant experts, and it is the plan."""
+    from planner.space import enumerate_params
+
+    slo = (SLO("tok_s_user_p90", 40.0),)
+    s = space(layouts=("pd",), deps=(8,), max_num_seqs=(16, 32, 64), mtp_tokens=(0,))
+    fake = Unseen()
+    monkeypatch.setattr(Loop, "_screen", lambda self, *a: fake.estimate)
+    base = {**next(enumerate_params(s)), "decode_max_num_seqs": 64}
+    points = [base, {**base, "decode_redundant_dep8": 16}, {**base, "decode_redundant_dep8": 32},
+              {**base, "decode_max_num_seqs": 16}]
+    loop = Loop(config(tmp_path, space=s, trials=0, screen=True, slos=slo), fake)
+    try:
+        loop._run_enqueued(points, {"fixed": True, "refine": True}, None, None)
+    finally:
+        loop.close()
+    recs = trial_records(loop.study)
+    simulated = [load_deployment(r["deployment"]).decode for r in recs
+                 if r["stage"] == "simulated"]
+    assert [(d.max_num_seqs, d.redundant_experts) for d in simulated] == [(64, 0), (16, 0)]
+    best = summarize(recs, slo).best
+    assert load_deployment(best["deployment"]).decode.max_num_seqs == 16
+
+
 def test_near_misses_rank_above_the_best_and_miss_an_slo():
     from planner.search import near_misses
 

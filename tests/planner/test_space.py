@@ -330,3 +330,30 @@ def test_adjacent_points_move_one_knob_from_the_deployed_plan():
     assert any(m.decode.speculative and m.decode.speculative.tokens == 1 for m in moved)
     up = [m for m in moved if m.prefill.dep == 16]
     assert up and all(m.prefill.redundant_experts in space.redundant[16] for m in up)
+
+
+def test_the_decode_batch_limit_moves_down_to_the_first_choice_that_binds():
+    """A limit of 128 sequences on ranks that hold about 20 requests hardly binds, nor would 64:
+    the move down goes to 16, the choice nearest to what the ranks hold. Without the estimate,
+    or where the limit binds, it moves to the next choice down."""
+    from planner.space import adjacent_points
+
+    space = build_space("deepseek-r1", "h200", 32, deps=(8, 16),
+                        max_num_seqs=(8, 16, 32, 64, 128, 256), mtp_tokens=(0,))
+    point = {"layout": "pd", "prefill_dep": 8, "prefill_instances_dep8": 1,
+             "prefill_redundant_dep8": 0, "prefill_max_num_batched_tokens": 8192,
+             "decode_dep": 8, "decode_instances_dep8": 1, "decode_redundant_dep8": 0,
+             "decode_max_num_seqs": 128, "decode_mtp_tokens": 0,
+             "decode_all2all": "deepep_low_latency"}
+
+    def limits(params, running=None):
+        origin = deployment_from_params(space, params)
+        return sorted(d.decode.max_num_seqs for d in (
+            deployment_from_params(space, p) for p in adjacent_points(space, params, running))
+            if d.decode.max_num_seqs != origin.decode.max_num_seqs)
+
+    assert limits(point) == [64, 256]
+    assert limits(point, running=20.0) == [16, 256]
+    assert limits({**point, "decode_max_num_seqs": 16}, running=20.0) == [8, 32]  # binds
+    assert limits(point, running=4.0) == [8, 256]  # below every choice: the smallest
+    assert limits(point, running=26.0) == [32, 256]

@@ -416,6 +416,30 @@ def test_a_repair_round_moves_two_knobs_where_one_finds_only_near_misses(tmp_pat
     assert len(numbers) == len(set(numbers))
 
 
+SEQS_SPACE = dict(layouts=("pd",), deps=(8,), max_num_seqs=(16, 32, 64), mtp_tokens=(0,))
+"""One DEP8 prefill and decode instance each, three decode batch limits."""
+SEQS_SLO = (SLO("tok_s_user_p90", 40.0),)
+
+
+def refine_points(tmp_path, monkeypatch, fake, points):
+    """Run `points` (params of SEQS_SPACE) as one refinement's enqueued trials, screened by
+    `fake.estimate` and simulated by `fake`; their records."""
+    monkeypatch.setattr(Loop, "_screen", lambda self, *a: fake.estimate)
+    loop = Loop(config(tmp_path, space=space(**SEQS_SPACE), trials=0, screen=True,
+                       slos=SEQS_SLO), fake)
+    try:
+        loop._run_enqueued(points, {"fixed": True, "refine": True}, None, None)
+    finally:
+        loop.close()
+    return trial_records(loop.study)
+
+
+def seqs_base():
+    from planner.space import enumerate_params
+
+    return next(enumerate_params(space(**SEQS_SPACE)))
+
+
 class Mirage:
     """Throughput grows with the decode batch limit and every plan keeps 90 % of users fast,
     but for 64 sequences a rank; the screen sees that one at five times its throughput and
@@ -440,25 +464,13 @@ def test_points_kept_out_by_a_neighbour_that_disappoints_are_asked_again(tmp_pat
     them out while it waits for its simulation. Simulated, it misses the SLO; the points it
     kept out are then asked again and simulated (once), and the best of them is the plan, not
     lost to an estimate the simulation refuted."""
-    from planner.space import enumerate_params
-
-    slo = (SLO("tok_s_user_p90", 40.0),)
-    s = space(layouts=("pd",), deps=(8,), max_num_seqs=(16, 32, 64), mtp_tokens=(0,))
-    fake = Mirage()
-    monkeypatch.setattr(Loop, "_screen", lambda self, *a: fake.estimate)
-    base = next(enumerate_params(s))
-    points = [{**base, "decode_max_num_seqs": n} for n in (64, 16, 32)]  # 64 asked first
-    loop = Loop(config(tmp_path, space=s, trials=0, screen=True, slos=slo), fake)
-    try:
-        loop._run_enqueued(points, {"fixed": True, "refine": True}, None, None)
-    finally:
-        loop.close()
-    recs = trial_records(loop.study)
+    points = [{**seqs_base(), "decode_max_num_seqs": n} for n in (64, 16, 32)]  # 64 first
+    recs = refine_points(tmp_path, monkeypatch, Mirage(), points)
     seqs = [(load_deployment(r["deployment"]).decode.max_num_seqs, r["stage"]) for r in recs]
     assert seqs == [(64, "simulated"), (16, "screened_out"), (32, "screened_out"),
                     (16, "simulated"), (32, "simulated")]
     assert "best screened 5,000" in recs[1]["reason"]
-    best = summarize(recs, slo).best
+    best = summarize(recs, SEQS_SLO).best
     assert load_deployment(best["deployment"]).decode.max_num_seqs == 32
 
 
@@ -478,25 +490,14 @@ def test_twins_of_a_near_miss_that_change_more_than_redundant_experts_go_first(
     """Three points screened beside a point of the same estimate wait for its simulation; it
     misses its SLO narrowly, and two of them are asked again. The one that changes the batch
     limit goes before the two that change only redundant experts, and it is the plan."""
-    from planner.space import enumerate_params
-
-    slo = (SLO("tok_s_user_p90", 40.0),)
-    s = space(layouts=("pd",), deps=(8,), max_num_seqs=(16, 32, 64), mtp_tokens=(0,))
-    fake = Unseen()
-    monkeypatch.setattr(Loop, "_screen", lambda self, *a: fake.estimate)
-    base = {**next(enumerate_params(s)), "decode_max_num_seqs": 64}
+    base = {**seqs_base(), "decode_max_num_seqs": 64}
     points = [base, {**base, "decode_redundant_dep8": 16}, {**base, "decode_redundant_dep8": 32},
               {**base, "decode_max_num_seqs": 16}]
-    loop = Loop(config(tmp_path, space=s, trials=0, screen=True, slos=slo), fake)
-    try:
-        loop._run_enqueued(points, {"fixed": True, "refine": True}, None, None)
-    finally:
-        loop.close()
-    recs = trial_records(loop.study)
+    recs = refine_points(tmp_path, monkeypatch, Unseen(), points)
     simulated = [load_deployment(r["deployment"]).decode for r in recs
                  if r["stage"] == "simulated"]
     assert [(d.max_num_seqs, d.redundant_experts) for d in simulated] == [(64, 0), (16, 0)]
-    best = summarize(recs, slo).best
+    best = summarize(recs, SEQS_SLO).best
     assert load_deployment(best["deployment"]).decode.max_num_seqs == 16
 
 

@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -84,14 +84,12 @@ from planner.storage import (
     study_name,
 )
 from simulator.calibration.serving import ServingOverhead
-from simulator.specs.deployment import Deployment
+from simulator.specs.deployment import Deployment, Role
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import dump_deployment, dump_workload
 from simulator.specs.workload import Workload
 from simulator.workers import LazyPool
 
-ROLES = ("prefill", "decode", "aggregated")
-"""A deployment's role sections."""
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 REJECTED_VIOLATION = 1e3
 """Constraint value of a rejected point: worse than any SLO miss."""
@@ -352,8 +350,9 @@ class Loop:
         self.history = _History()
         self._screens: dict[tuple[bool, float | None], Screen] = {}
         self._enqueued: set[int] = set()
-        self._deferred: dict[int, list[int]] = {}
-        """Pending trial number -> trials screened out this round as twins of it."""
+        self._deferred: dict[int, list[tuple[int, str]]] = {}
+        """Pending trial number -> (number, deployment without redundant experts,
+        `_unreplicated`) of the trials screened out this round as twins of it."""
         self._blocked: dict[int, list[tuple[int, str, dict[str, Any]]]] = {}
         """Pending trial number -> (number, layout, screen estimate) of the trials screened out
         this round because its estimate looked better (see `_unblock`)."""
@@ -625,7 +624,8 @@ class Loop:
                          and p.record["layout"] == record["layout"] and p.record.get("screen")
                          and self.gate.same_estimate(estimate, p.record["screen"])), None)
             if same is not None:  # simulated in this round: one simulation teaches enough
-                self._deferred.setdefault(same.trial.number, []).append(trial.number)
+                self._deferred.setdefault(same.trial.number, []).append(
+                    (trial.number, _unreplicated(dumped)))
                 return self._prune(trial, {**record, "stage": "screened_out",
                                            "reason": f"screen: {TWIN} {same.trial.number}"},
                                    violation(estimate, self.config.slos))
@@ -692,15 +692,9 @@ class Loop:
             if not twins or seen is None or not self.gate.near_miss(seen):
                 continue
             mine = _unreplicated(p.record["deployment"])
-            twins.sort(key=lambda n: _unreplicated(self._record(n)["deployment"]) == mine)
-            for number in twins[: self.gate.near_twins - 1]:
+            twins.sort(key=lambda twin: twin[1] == mine)
+            for number, _ in twins[: self.gate.near_twins - 1]:
                 self._enqueue(number)
-
-    def _record(self, number: int) -> dict[str, Any]:
-        """The record of a finished trial this loop knows."""
-        trial = next(t for t in reversed(self.history.trials) if t.number == number)
-        record: dict[str, Any] = trial.user_attrs["record"]
-        return record
 
     def _unblock(self, pending: list[_Pending]) -> None:
         """After a round: a point screened out because a point of this round looked better was
@@ -889,7 +883,8 @@ def _outcome(evaluate: Evaluate, deployment: Deployment) -> tuple[str, Any]:
 
 def _unreplicated(deployment: dict[str, Any]) -> str:
     """A deployment's plain data without its roles' redundant experts, as a key."""
-    plain = {k: ({**v, "redundant_experts": 0} if k in ROLES and isinstance(v, dict) else v)
+    plain = {k: ({**v, "redundant_experts": 0} if k in get_args(Role) and isinstance(v, dict)
+                 else v)
              for k, v in deployment.items()}
     return json.dumps(plain, sort_keys=True)
 

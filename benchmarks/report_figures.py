@@ -10,7 +10,7 @@ docs/agentx.md) on a few whole-rack P/D layouts at a few loads and reports the m
 GPU served (cached + uncached input + output, the AgentX convention) among the points where 90 %
 of requests get at least 196 tokens/s; `--no-rack` skips it (it simulates for a few minutes).
 
-Run: .venv/bin/python benchmarks/report_figures.py [--json] [--no-rack]
+Run: .venv/bin/python benchmarks/report_figures.py [--json] [--no-rack] [--rack-turns N]
 """
 
 from __future__ import annotations
@@ -160,18 +160,35 @@ fewer tokens at every point of 2026-12-02's runs)."""
 RACK_LOADS = (2048, 6144, 128)
 """Session lanes searched per layout (lowest, highest, step): the most lanes whose 90 % of
 requests still reach RACK_SPEED, by bisection (more lanes serve more tokens and each user
-fewer); each run measures 3 turns per lane after the warmup turns. A layout that keeps the
+fewer); each run measures RACK_TURNS turns per lane after the warmup turns. A layout that keeps the
 speed at the highest is reported as such (it could serve more)."""
 RACK_SPEED = 196.0
+RACK_TURNS = 12
+"""Measured turns per lane in a rack run (the workload's `requests` is lanes x this). AgentX
+measures for a fixed duration of at least 900 s (`--benchmark-duration`, 1,800 by default)
+after the warmup boundary, with every lane busy all along; a window of a few turns per lane is
+mostly the surge that follows the boundary, when every lane's next turn goes out within its
+think time and the decode ranks fill from empty. P 20 x DEP2 + D 2 x DEP16 at 4,480 lanes
+(V4.1-Flash, 2026-12-05): 3 turns a lane (a window of about 80 simulated s) 655K tok/s/GPU at
+198 tok/s for 90 % of requests; 6 turns 794K at 189; 12 turns (about 140 s) 851K at 181; 24
+turns (about 230 s) 865K at 188, the decode ranks then holding 68-75 requests each, as the
+report's figure implies. 12 is within 2 % of 24 in throughput at half the simulation;
+`--rack-turns` sets it. (These runs, as every rack run since, apply the serving latencies
+`rackplan simulate` applies, `planner.evaluate.sim_options`; before 2026-12-05 the rack runs
+took none: 683K at 199 tok/s with 3 turns.)"""
+MAX_RACK_TURNS = 100
+"""The most turns per lane `--rack-turns` takes (6,144 lanes x 100 turns is 614,400 measured
+requests a run; 4,480 lanes x 24 turns, 107,520, took 4 minutes of one core)."""
 _RACK: dict[str, Any] = {}
 
 
-def _rack_point(point: tuple[Subject, int, int, int, str, int]) -> dict[str, Any]:
+def _rack_point(point: tuple[Subject, int, int, int, str, int, int]) -> dict[str, Any]:
+    from planner.evaluate import sim_options
     from simulator.des import simulate
     from simulator.specs.deployment import Deployment, Precision, RoleSpec, Speculative
     from simulator.specs.workload import SessionsArrival, Workload
 
-    s, prefill, decode, dep, router, lanes = point
+    s, prefill, decode, dep, router, lanes, turns = point
     d = Deployment(model=s.model, hardware="gb300", gpus=72,
                    precision=Precision(weights="fp4", kv_cache=s.kv_cache, indexer_cache="fp4"),
                    prefill=RoleSpec(instances=prefill, dep=2, max_num_batched_tokens=16384,
@@ -179,9 +196,9 @@ def _rack_point(point: tuple[Subject, int, int, int, str, int]) -> dict[str, Any
                    decode=RoleSpec(instances=decode, dep=dep, max_num_seqs=256,
                                    redundant_experts=dep, speculative=Speculative(**s.draft)))
     m = simulate(d, Workload(arrival=SessionsArrival(concurrency=lanes),
-                             requests=3 * lanes)).metrics()
+                             requests=turns * lanes), options=sim_options(d)).metrics()
     return {"prefill": prefill, "decode": decode, "dep": dep, "router": router, "lanes": lanes,
-            **m}
+            "turns": turns, **m}
 
 
 def _fast_enough(run: dict[str, Any]) -> bool:
@@ -190,19 +207,25 @@ def _fast_enough(run: dict[str, Any]) -> bool:
     return (metric_value(run, "tok_s_user_p90") or 0.0) >= RACK_SPEED
 
 
-def _rack_layout(layout: tuple[Subject, int, int, int, str]) -> list[dict[str, Any]]:
-    """The runs of one rack layout: the highest load, and where 90 % of its requests fall
-    below RACK_SPEED, a bisection of the lanes between the lowest and it."""
+def _rack_layout(layout: tuple[Subject, int, int, int, str, int]) -> list[dict[str, Any]]:
+    """The runs of one rack layout (its last field: turns per lane): the highest load, and
+    where 90 % of its requests fall below RACK_SPEED, a bisection of the lanes between the
+    lowest and it."""
+    s, prefill, decode, dep, router, turns = layout
+
+    def at(lanes: int) -> dict[str, Any]:
+        return _rack_point((s, prefill, decode, dep, router, lanes, turns))
+
     low, high, step = RACK_LOADS
-    runs = [_rack_point((*layout, high))]
+    runs = [at(high)]
     if _fast_enough(runs[-1]):
         return runs
-    runs.append(_rack_point((*layout, low)))
+    runs.append(at(low))
     if not _fast_enough(runs[-1]):
         return runs
     while high - low > step:
         mid = (low + high) // 2 // step * step
-        runs.append(_rack_point((*layout, mid)))
+        runs.append(at(mid))
         low, high = (mid, high) if _fast_enough(runs[-1]) else (low, mid)
     return runs
 
@@ -215,13 +238,14 @@ def _rack(s: Subject) -> float | None:
     from planner.objectives import metric_value
 
     if s.model not in _RACK:
-        layouts = [(s, p, d, dep, r) for p, d, dep in RACK_LAYOUTS for r in RACK_ROUTERS]
+        layouts = [(s, p, d, dep, r, RACK_TURNS) for p, d, dep in RACK_LAYOUTS
+                   for r in RACK_ROUTERS]
         with ProcessPoolExecutor(max_workers=2) as pool:
             runs = [r for got in pool.map(_rack_layout, layouts) for r in got]
         for r in runs:
             speed = metric_value(r, "tok_s_user_p90") or 0.0
             print(f"  {s.model} rack P {r['prefill']}xDEP2 ({r['router']}) + D "
-                  f"{r['decode']}xDEP{r['dep']}, {r['lanes']} lanes: "
+                  f"{r['decode']}xDEP{r['dep']}, {r['lanes']} lanes x {r['turns']} turns: "
                   f"{r['throughput_tok_s_gpu']:,.0f} tok/s/GPU, 90 % of requests >= "
                   f"{speed:.0f} tok/s, TTFT p90 {r['ttft_ms']['p90'] / 1e3:.1f} s, cache hits "
                   f"{r['cache_hit_share']:.1%}", file=sys.stderr, flush=True)
@@ -302,7 +326,7 @@ FIGURES = [
            lambda s: "benchmarks/report_figures.py (rack layouts x loads, agentx sessions)",
            "best of P 20/12 x DEP2 + D 2/3 x DEP16 and P 20 x DEP2 + D 1 x DEP32, "
            "session_affinity, the most lanes of 2,048-6,144 (steps of 128) at which 90 % of "
-           "requests reach 196 tok/s"),
+           "requests reach 196 tok/s, each lane measured for RACK_TURNS turns"),
 ]
 
 
@@ -311,10 +335,17 @@ def _fmt(v: float | None) -> str:
 
 
 def main() -> int:
+    global RACK_TURNS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-rack", action="store_true", help="skip the rack line (minutes)")
+    ap.add_argument("--rack-turns", type=int, default=RACK_TURNS, metavar="N",
+                    help=f"measured turns per lane in a rack run (default {RACK_TURNS}; "
+                         "the simulation grows with it)")
     args = ap.parse_args()
+    if not 1 <= args.rack_turns <= MAX_RACK_TURNS:
+        ap.error(f"--rack-turns={args.rack_turns} must be between 1 and {MAX_RACK_TURNS}")
+    RACK_TURNS = args.rack_turns
     rows = []
     for f in FIGURES:
         if args.no_rack and f.predict is _rack:

@@ -8,7 +8,7 @@ spread over two GPUs, what the prefill-only bench counts), the assumption is pri
 line. The rack line simulates the AgentX workload (the synthetic corpus of AgentX-shaped trees,
 docs/agentx.md) on a few whole-rack P/D layouts at a few loads and reports the most tokens/s per
 GPU served (cached + uncached input + output, the AgentX convention) among the points where 90 %
-of requests get at least 196 tokens/s; `--no-rack` skips it (it simulates for a few minutes).
+of requests get at least 196 tokens/s; `--no-rack` skips it (it simulates for tens of minutes).
 
 Run: .venv/bin/python benchmarks/report_figures.py [--json] [--no-rack] [--rack-turns N]
 """

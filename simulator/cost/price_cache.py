@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -206,6 +207,8 @@ class CachedCalibration:
         """Cheap key (operation, fixed scalars, tokens of fixed objects) -> the points of the
         operation with those fixed arguments: most calls find them here, without taking an
         instance's or a kind's content key."""
+        self._fixed_at: dict[tuple[str, int], tuple[int, ...]] = {}
+        """(operation, arguments given) -> positions of its fixed arguments."""
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.calibration, name)
@@ -216,6 +219,9 @@ class CachedCalibration:
         def priced(*args: Any, **kwargs: Any) -> Priced | None:
             return self._price(name, method, varying, args, kwargs)
 
+        # kept as an attribute: later look-ups of the operation find it without this method
+        # (a composed step calls some 36 operations)
+        self.__dict__[name] = priced
         return priced
 
     def _price(self, name: str, method: Callable[..., Priced | None],
@@ -237,6 +243,9 @@ class CachedCalibration:
                     return None
                 i = memo.index[key]
             code = memo.code[i]
+            if len(shape) == 1:  # np.array of a list: a third of np.full's time
+                return Priced(np.array([memo.ms[i]]), SOURCES[code], memo.table[i],
+                              np.array([code]))
             return Priced(np.full(shape, memo.ms[i]), SOURCES[code], memo.table[i],
                           np.full(shape, code))
         if len(varying) == 1:
@@ -245,16 +254,19 @@ class CachedCalibration:
             raw = one.tobytes()
             width = 8
         else:
-            values = [np.asarray(args[i], dtype=float) for i in varying]
-            shape = values[0].shape
-            if not shape or any(v.shape != shape for v in values):
-                values = list(np.broadcast_arrays(*(np.atleast_1d(v) for v in values)))
+            try:  # most calls: arrays of one shape, stacked in one call
+                x = np.array([args[i] for i in varying], dtype=float)
+            except ValueError:  # a number beside arrays, or arrays of other shapes
+                x = None
+            if x is not None and x.ndim >= 2:
+                shape = x.shape[1:]
+                raw = x.reshape(len(varying), -1).T.tobytes()  # one row per point
+            else:
+                values = list(np.broadcast_arrays(
+                    *(np.atleast_1d(np.asarray(args[i], dtype=float)) for i in varying)))
                 shape = values[0].shape
-            x = np.empty((values[0].size, len(values)))  # one row per point
-            for j, v in enumerate(values):
-                x[:, j] = v.ravel()
-            raw = x.tobytes()
-            width = 8 * len(values)
+                raw = np.stack([v.ravel() for v in values], axis=1).tobytes()
+            width = 8 * len(varying)
         keys = [raw[i:i + width] for i in range(0, len(raw), width)]
         index = memo.index
         at = [index.get(k, -1) for k in keys]
@@ -269,10 +281,10 @@ class CachedCalibration:
             i = at[0]
             return Priced(np.array([stored[i]]).reshape(shape), SOURCES[codes[i]], tables[i],
                           np.array([codes[i]]).reshape(shape))
-        ms = np.array([stored[i] for i in at]).reshape(shape)
-        got = [codes[i] for i in at]
-        return Priced(ms, SOURCES[max(got)], " + ".join(dict.fromkeys(tables[i] for i in at)),
-                      np.array(got).reshape(shape))
+        of = itemgetter(*at)  # a tuple of the points' entries, for two or more points
+        got = of(codes)
+        return Priced(np.array(of(stored)).reshape(shape), SOURCES[max(got)],
+                      " + ".join(dict.fromkeys(of(tables))), np.array(got).reshape(shape))
 
     def _points(self, name: str, varying: tuple[int, ...], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> _Points:
@@ -281,15 +293,19 @@ class CachedCalibration:
         content (`_fixed`), so that equal objects share their points."""
         fast: tuple[Any, ...] | None = None
         if not kwargs:
+            at = self._fixed_at.get((name, len(args)))
+            if at is None:
+                at = self._fixed_at[name, len(args)] = tuple(
+                    i for i in range(len(args)) if i not in varying)
             # a tuple (GEMM shapes) is its own key: a new tuple object per call would take a
             # content key and a token each time, and fill the objects held
-            fast = (name, *(a if type(a) in _BY_VALUE else self._token(a)
-                            for i, a in enumerate(args) if i not in varying))
+            fast = (name, *[a if type(a) in _BY_VALUE else self._token(a)
+                            for a in map(args.__getitem__, at)])
             try:
                 memo = self._fast.get(fast)
             except TypeError:  # a tuple holding something unhashable: tokens for all
-                fast = (name, *(a if type(a) in _SCALARS else self._token(a)
-                                for i, a in enumerate(args) if i not in varying))
+                fast = (name, *[a if type(a) in _SCALARS else self._token(a)
+                                for a in map(args.__getitem__, at)])
                 memo = self._fast.get(fast)
             if memo is not None:
                 return memo
@@ -318,6 +334,9 @@ class CachedCalibration:
     def _token(self, value: Any) -> Any:
         """A stand-in for `value` in a cheap key: itself for a scalar, else a token of the
         object, equal to nothing but itself (so never to a scalar)."""
+        held = self._objects.get(id(value))  # an object held is alive: its id is its own
+        if held is not None:
+            return held[2]
         if isinstance(value, int | float | str | bool | None):
             return value
         return self._held(value)[2]

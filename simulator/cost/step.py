@@ -358,6 +358,18 @@ def _groups(inst: Instance, tokens: np.ndarray, pre_tok: np.ndarray,
     return [(cut, moe - late, tokens), (m.layers - cut, late, tokens - pre_tok + tail)]
 
 
+_ATTENTION_KEYS: dict[tuple[str, str, str], str] = {}
+"""(layer kind, phase, part) -> its key in a step's parts."""
+
+
+def _top(ms: np.ndarray) -> float:
+    """The largest entry of `ms` as a float: a few entries (a step's distinct rows) without
+    numpy's reduction, whose call costs more than comparing them."""
+    if ms.size <= 8:
+        return float(max(ms.ravel().tolist()))
+    return float(ms.max())
+
+
 def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ctx: np.ndarray,
                pre_tok: np.ndarray, pre_req: np.ndarray, pre_ctx: np.ndarray,
                led: _Ledger, tail: np.ndarray | None = None) -> np.ndarray:
@@ -367,30 +379,40 @@ def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ct
     out = np.zeros_like(decode_b)
     dec, pre = decode_b > 0, pre_tok > 0
     late = dict(m.replay_kinds) if tail is not None else {}
+    parts_ms, provenance = led.parts, led.provenance
 
-    def book(kind: str, phase: str, ranks: np.ndarray, layers: int,
+    def book(kind: str, phase: str, ranks: np.ndarray | slice, layers: int,
              parts: dict[str, Priced]) -> None:
         for name, p in parts.items():
             ms = layers * p.ms
             out[ranks] += ms
-            key = f"attention.{kind}.{phase}.{name}"
-            led.parts[key] = led.parts.get(key, 0.0) + float(ms.max())
-            led.provenance[key] = f"{p.source} ({p.table})"
+            key = _ATTENTION_KEYS.get((kind, phase, name))
+            if key is None:
+                key = _ATTENTION_KEYS[kind, phase, name] = f"attention.{kind}.{phase}.{name}"
+            parts_ms[key] = parts_ms.get(key, 0.0) + _top(ms)
+            provenance[key] = f"{p.source} ({p.table})"
 
+    # a mask every rank passes indexes as the whole array (the same sums, without the gather)
+    dec_at: np.ndarray | slice = slice(None) if dec.all() else dec
+    pre_at: np.ndarray | slice = slice(None) if pre.all() else pre
+    decoding, prefilling = bool(dec.any()), bool(pre.any())
+    if decoding:
+        queries, context = decode_b[dec] * (1 + inst.spec_tokens), decode_ctx[dec]
+    if prefilling:
+        requests, past = pre_req[pre], pre_ctx[pre]
+        isl = pre_tok[pre] / np.maximum(requests, 1)
+        last = np.minimum(isl, m.sliding_window)
     for kind, layers in m.kinds():
-        if dec.any():
-            book(kind.name, "decode", dec, layers, kind.decode(
-                cal, inst, decode_b[dec] * (1 + inst.spec_tokens), decode_ctx[dec]))
-        if pre.any():
-            isl = pre_tok[pre] / np.maximum(pre_req[pre], 1)
+        if decoding:
+            book(kind.name, "decode", dec_at, layers, kind.decode(cal, inst, queries, context))
+        if prefilling:
             replayed = late.get(kind.name, 0)
             if layers > replayed:
-                book(kind.name, "prefill", pre, layers - replayed,
-                     kind.prefill(cal, inst, pre_req[pre], isl, pre_ctx[pre]))
+                book(kind.name, "prefill", pre_at, layers - replayed,
+                     kind.prefill(cal, inst, requests, isl, past))
             if replayed:  # each chunk's last window, after the rest of the chunk
-                last = np.minimum(isl, m.sliding_window)
-                book(kind.name, "prefill_tail", pre, replayed,
-                     kind.prefill(cal, inst, pre_req[pre], last, pre_ctx[pre] + isl - last))
+                book(kind.name, "prefill_tail", pre_at, replayed,
+                     kind.prefill(cal, inst, requests, last, past + isl - last))
     if late and pre.any():  # the cut layer's compressor writes records for every token
         cut = m.layer_kind_names()[m.replay_from]
         kv = cal.gemm(pre_tok[pre], m.head_dim, m.hidden, "bf16")
@@ -691,7 +713,11 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
                       pre_req[distinct], pre_ctx[distinct], led,
                       None if tail is None else tail[distinct])
     _charge_parts(led, "attention", "attention.", float(attn.max()))
-    for category, part, priced, ms in _rank_local(inst, cal, tokens, groups):
+    # The rest of a rank's own work likewise: a step charges each part's slowest rank, and
+    # the distinct rows hold every rank's figure (and every point's provenance, in order).
+    own = tokens[distinct]
+    for category, part, priced, ms in _rank_local(inst, cal, own, _groups(
+            inst, own, pre_tok[distinct], None if tail is None else tail[distinct])):
         led.add(category, part, priced, float(ms.max()))
     moe_layers = m.moe_layers if m.is_moe else 0
 
@@ -718,12 +744,12 @@ def _open(inst: Instance, batch: Batch, cal: Calibration) -> _Open | StepTime:
                 qk = cal.allreduce(work.max() * 2 * 4, inst.tp, inst.a2a_bandwidth)
                 led.add("communication", "qk_norm_allreduce", qk, layers * float(qk.ms.max()))
 
-    head = _head(inst, cal, dec_b, pre_req)
+    head = _head(inst, cal, dec_b[distinct], pre_req[distinct])
     led.add("dense", "lm_head", head, float(head.ms.max()))
     draft = None
     if spec and dec_b.any():
         draft = (float(dec_b.max() / max(tokens.max(), 1)),
-                 _draft_logits(inst, cal, dec_b, float(head.ms.max())),
+                 _draft_logits(inst, cal, dec_b[distinct], float(head.ms.max())),
                  _draft_attention(inst, led))
     accepted = dec_b * _expected_accepted(spec, inst.spec_acceptance) + pre_tok
     late = None

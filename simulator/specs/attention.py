@@ -507,9 +507,10 @@ class CSA2(AttentionKind):
             out = self._mega(cal, context, inst, batch, new, past)
         else:
             out = {"module": cal.dsv41_module(self, context, inst, batch, new, past)}
-        scoring = cal.dsv41_indexer(self, context, inst, batch, new, past)
-        if scoring is not None:
-            out["indexer"] = scoring
+        if self.index != "none":  # a layer without an indexer scores nothing
+            scoring = cal.dsv41_indexer(self, context, inst, batch, new, past)
+            if scoring is not None:
+                out["indexer"] = scoring
         return out
 
     def _mega(self, cal: Calibration, context: bool, inst: Instance, batch: np.ndarray,

@@ -212,3 +212,24 @@ def test_a_one_point_call_is_priced_as_the_points_of_a_longer_call() -> None:
             assert cached.calls == 1
             twice = getattr(cached, name)(*call(np.array([value, value])))  # the general path
             assert cached.calls == 1 and (twice.ms == got.ms[0]).all()  # finds the same key
+
+
+def test_a_call_of_many_points_keys_them_alike_however_its_arguments_come() -> None:
+    """Arrays of one shape (stacked in one call) and a number beside arrays (broadcast) key
+    the same points: each comes back at the direct price, in the call's shape, and a point
+    priced one way is found the other."""
+    hw, m = load_hardware("gb300"), load_model("deepseek-v4-flash")
+    cal = load_calibration(hw)
+    inst = instance_from_role(m, hw, "prefill", RoleSpec(instances=1, dep=4), "fp8", "fp8")
+    csa = kind("csa")
+    batch, past = np.array([1.0, 2.0, 4.0]), np.array([0.0, 3000.0, 90000.0])
+    new = np.full(3, 4096.0)
+    cached = CachedCalibration(cal)
+    ways = [(batch, new, past), (batch, 4096.0, past)]
+    for b, n, p in ways:
+        got = cached.dsv4_module(csa, True, inst, b, n, p)
+        direct = cal.dsv4_module(csa, True, inst, b, n, p)
+        assert got.ms.shape == np.shape(b)
+        assert (got.ms.ravel() == direct.ms.ravel()).all()
+        assert (got.source, got.table) == (direct.source, direct.table)
+    assert cached.calls == 1 and cached.points == 3

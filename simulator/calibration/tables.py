@@ -252,6 +252,13 @@ class Priced:
             return np.broadcast_to(self.codes, np.shape(self.ms))
         return np.full(np.shape(self.ms), SOURCES.index(self.source))
 
+    def carried(self, ms: np.ndarray, beyond: np.ndarray) -> Priced:
+        """`ms` in place of this price, where the points `beyond` were carried past the
+        table's range (flagged extrapolated) and the others keep their own provenance."""
+        own = self.point_codes()
+        codes = np.where(beyond, np.maximum(own, EXTRAPOLATED), own)
+        return Priced(ms, SOURCES[int(codes.max())], self.table, codes)
+
     def scaled(self, factor: float | np.ndarray) -> Priced:
         return Priced(self.ms * factor, self.source, self.table, self.codes)
 
@@ -906,8 +913,7 @@ class Calibration:
         # than the module's), its sustained rate beyond them
         grow = np.maximum(self.dsv4_kernel(kernel, inst, b, kn, p).ms
                           - self.dsv4_kernel(kernel, inst, b, kn, inside).ms, 0.0)
-        return Priced(got.ms + np.where(beyond, grow, 0.0), SOURCES[max(
-            SOURCES.index(got.source), EXTRAPOLATED)], got.table)
+        return got.carried(got.ms + np.where(beyond, grow, 0.0), beyond)
 
     def _dsv4_module_roof(self, kind: DSV4, inst: Instance
                           ) -> Callable[[Any, Any, Any, Any], np.ndarray]:
@@ -1215,8 +1221,7 @@ class Calibration:
         if not beyond.any():
             return got
         grow = self.dsv4_growth(op, inst, b, n, inside, p)
-        return Priced(got.ms + np.where(beyond, grow, 0.0),
-                      SOURCES[max(SOURCES.index(got.source), EXTRAPOLATED)], got.table)
+        return got.carried(got.ms + np.where(beyond, grow, 0.0), beyond)
 
     def dsa_module(self, context: bool, inst: Instance, batch: np.ndarray, new: np.ndarray,
                    past: np.ndarray) -> Priced | None:

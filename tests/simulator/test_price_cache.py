@@ -233,3 +233,24 @@ def test_a_call_of_many_points_keys_them_alike_however_its_arguments_come() -> N
         assert (got.ms.ravel() == direct.ms.ravel()).all()
         assert (got.source, got.table) == (direct.source, direct.table)
     assert cached.calls == 1 and cached.points == 3
+
+
+def test_a_point_inside_a_table_keeps_its_provenance_beside_one_carried_past_it() -> None:
+    """A V4 long-context kernel carries a context past its table's range by what it reads
+    (flagged extrapolated); a point inside the range priced in the same call keeps its own
+    provenance and price, so the price cache remembers each as priced alone."""
+    from simulator.calibration.grid import EXTRAPOLATED, SOURCES
+
+    hw, m = load_hardware("gb300"), load_model("deepseek-v4-flash")
+    cal = load_calibration(hw)
+    inst = instance_from_role(m, hw, "decode", RoleSpec(instances=1, dep=8), "fp8", "fp8")
+    one = np.ones(2)
+    both = cal.dsv4_kernel("dsv4_indexer", inst, np.full(2, 8.0), one,
+                           np.array([4096.0, 8.0 * 2 ** 20]))
+    near = cal.dsv4_kernel("dsv4_indexer", inst, np.array([8.0]), one[:1], np.array([4096.0]))
+    far = cal.dsv4_kernel("dsv4_indexer", inst, np.array([8.0]), one[:1],
+                          np.array([8.0 * 2 ** 20]))
+    assert SOURCES.index(far.source) >= EXTRAPOLATED > SOURCES.index(near.source)
+    assert list(both.point_codes()) == [SOURCES.index(near.source), SOURCES.index(far.source)]
+    assert both.source == far.source
+    assert list(both.ms) == [near.ms[0], far.ms[0]]

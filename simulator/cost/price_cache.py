@@ -242,12 +242,9 @@ class CachedCalibration:
                 if not self._fill(memo, method, varying, args, kwargs, [key], rows):
                     return None
                 i = memo.index[key]
-            code = memo.code[i]
-            if len(shape) == 1:  # np.array of a list: a third of np.full's time
-                return Priced(np.array([memo.ms[i]]), SOURCES[code], memo.table[i],
-                              np.array([code]))
-            return Priced(np.full(shape, memo.ms[i]), SOURCES[code], memo.table[i],
-                          np.full(shape, code))
+            code = memo.code[i]  # np.array of a list: a third of np.full's time
+            return Priced(np.array([memo.ms[i]]).reshape(shape), SOURCES[code], memo.table[i],
+                          np.array([code]).reshape(shape))
         if len(varying) == 1:
             one = np.asarray(args[varying[0]], dtype=float)
             shape = one.shape or (1,)

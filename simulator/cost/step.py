@@ -413,7 +413,7 @@ def _attention(inst: Instance, cal: Calibration, decode_b: np.ndarray, decode_ct
             if replayed:  # each chunk's last window, after the rest of the chunk
                 book(kind.name, "prefill_tail", pre_at, replayed,
                      kind.prefill(cal, inst, requests, last, past + isl - last))
-    if late and pre.any():  # the cut layer's compressor writes records for every token
+    if late and prefilling:  # the cut layer's compressor writes records for every token
         cut = m.layer_kind_names()[m.replay_from]
         kv = cal.gemm(pre_tok[pre], m.head_dim, m.hidden, "bf16")
         keys = cal.gemm(pre_tok[pre], m.index_head_dim, m.head_dim, "bf16")

@@ -76,6 +76,7 @@ def price(path: Path, steps: int) -> None:
         key = (inst.hardware.name, engine, version)
         if key not in cals:
             cals[key] = CachedCalibration(load_calibration(inst.hardware, engine, version))
+            cals[key].lattice_bits = 6  # as a simulation's step memo sets it (6 bits)
         open_step(inst, batch, cals[key])
     print(f"{time.process_time() - start:.3f} {len(recorded)}")
 

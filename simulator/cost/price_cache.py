@@ -24,6 +24,7 @@ table's range ends; a sparse MoE table by 30 % at 32 tokens).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from operator import itemgetter
@@ -132,6 +133,40 @@ SAME_PRICE: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
 itself does first), so that they are one point here."""
 
 
+LATTICE_AHEAD = {"dsv41_indexer": (1, 2), "dsv4_module": (1, 2), "dsa_module": (0, 2)}
+"""Operation -> (position of its prefill flag, index among its varying arguments of the
+context): operations whose decode price grows with the context without bound and costs a
+fraction of a millisecond a call. A decode step's context creeps up one value of the step
+memo's lattice at a time (`simulator.des.pricing.round_bits`), so when such a decode point is
+new, the price cache prices it with the next LATTICE_UP and the previous LATTICE_DOWN lattice
+contexts (same batch and tokens) in the same vectorised call: one call for a run of steps
+instead of one each. Each price is still the wrapped calibration's of its point, bit for bit
+(a point priced among others is the point priced alone)."""
+
+LATTICE_UP = 32
+LATTICE_DOWN = 8
+
+
+def lattice_around(x: float, bits: int, up: int, down: int) -> list[float]:
+    """The `down` values below and `up` above `x` on the lattice of numbers with `bits`
+    significant bits (x itself on it and positive), nearest first in each direction, those
+    below stopping at 1. Exact in floats: each is x plus or minus multiples of powers of two."""
+    out = []
+    v = x
+    for _ in range(up):
+        m, e = math.frexp(v)  # v = m 2^e, m in [0.5, 1): its binade steps by 2^(e - bits)
+        v += math.ldexp(1.0, e - bits)
+        out.append(v)
+    v = x
+    for _ in range(down):
+        m, e = math.frexp(v)
+        v -= math.ldexp(1.0, e - bits - (1 if m == 0.5 else 0))  # the binade below at 2^k
+        if v < 1.0:
+            break
+        out.append(v)
+    return out
+
+
 def _fixed(value: Any) -> Any:
     """A hashable stand-in for a fixed argument, by content (dataclasses by their fields,
     pydantic models by their JSON, dicts sorted)."""
@@ -193,8 +228,11 @@ class _Points:
 class CachedCalibration:
     """A Calibration whose listed operations remember their prices per point (module doc)."""
 
-    def __init__(self, calibration: Calibration) -> None:
+    def __init__(self, calibration: Calibration, lattice_bits: int | None = None) -> None:
         self.calibration = calibration
+        self.lattice_bits = lattice_bits
+        """Significant bits of the step memo's lattice of contexts, for the points priced
+        ahead (LATTICE_AHEAD); None: none are."""
         self._memo: dict[tuple[Any, ...], _Points] = {}
         self.points = 0
         """Points priced by the wrapped calibration so far."""
@@ -238,8 +276,10 @@ class CachedCalibration:
             key, shape = single
             i = memo.index.get(key, -1)
             if i < 0:
-                rows = np.frombuffer(key, dtype=float).reshape(1, len(varying))
-                if not self._fill(memo, method, varying, args, kwargs, [key], rows):
+                keys = self._ahead(name, varying, args, [key], memo)
+                rows = np.frombuffer(b"".join(keys), dtype=float).reshape(len(keys),
+                                                                         len(varying))
+                if not self._fill(memo, method, varying, args, kwargs, keys, rows):
                     return None
                 i = memo.index[key]
             code = memo.code[i]  # np.array of a list: a third of np.full's time
@@ -268,7 +308,8 @@ class CachedCalibration:
         index = memo.index
         at = [index.get(k, -1) for k in keys]
         if -1 in at:
-            new_keys = list(dict.fromkeys(k for k, a in zip(keys, at, strict=True) if a < 0))
+            new_keys = self._ahead(name, varying, args, list(dict.fromkeys(
+                k for k, a in zip(keys, at, strict=True) if a < 0)), memo)
             rows = np.frombuffer(b"".join(new_keys), dtype=float).reshape(-1, width // 8)
             if not self._fill(memo, method, varying, args, kwargs, new_keys, rows):
                 return None
@@ -282,6 +323,39 @@ class CachedCalibration:
         got = of(codes)
         return Priced(np.array(of(stored)).reshape(shape), SOURCES[max(got)],
                       " + ".join(dict.fromkeys(of(tables))), np.array(got).reshape(shape))
+
+    def _ahead(self, name: str, varying: tuple[int, ...], args: tuple[Any, ...],
+               keys: list[bytes], memo: _Points) -> list[bytes]:
+        """The new points `keys`, then the decode points priced ahead with them
+        (LATTICE_AHEAD): their neighbours on the context lattice not priced yet, after the
+        operation's SAME_PRICE (neighbours it prices alike are one point). None are added for
+        prefill points or a context off the lattice (the planner's screen, say)."""
+        rule = LATTICE_AHEAD.get(name)
+        bits = self.lattice_bits
+        if rule is None or bits is None or args[rule[0]]:
+            return keys
+        axis = rule[1]
+        width = len(varying)
+        rows = []
+        for key in keys:
+            point = np.frombuffer(key, dtype=float)
+            context = float(point[axis])
+            if not context >= 1.0 or not math.ldexp(math.frexp(context)[0], bits).is_integer():
+                continue  # off the lattice: more than `bits` significant bits
+            around = lattice_around(context, bits, LATTICE_UP, LATTICE_DOWN)
+            near = np.repeat(point[None], len(around), axis=0)
+            near[:, axis] = around
+            rows.append(near)
+        if not rows:
+            return keys
+        near = np.concatenate(rows).reshape(-1, width)
+        same = SAME_PRICE.get(name)
+        if same is not None:
+            call = list(args)
+            call[varying[axis]] = near[:, axis]
+            near[:, axis] = same(tuple(call))[varying[axis]]
+        index = memo.index
+        return list(dict.fromkeys([*keys, *(k for k in map(bytes, near) if k not in index)]))
 
     def _points(self, name: str, varying: tuple[int, ...], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> _Points:

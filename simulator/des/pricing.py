@@ -166,6 +166,7 @@ class StepPricer:
         """One rank's own work in ms by its rounded row and its step's decisions
         (`rank_work_ms`)."""
         self._shared, self._shared_opened, self._ops = _shared_memo(calibration)
+        self._ops.lattice_bits = bits  # decode contexts priced ahead on this memo's lattice
         self._key = instance_key(instance)
         self._ep = instance.ep > 1
         self.calls = 0

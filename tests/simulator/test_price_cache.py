@@ -9,7 +9,7 @@ import pytest
 
 from simulator.calibration import Calibration, load_calibration
 from simulator.cost import Batch, step_time
-from simulator.cost.price_cache import CachedCalibration
+from simulator.cost.price_cache import LATTICE_UP, CachedCalibration, lattice_around
 from simulator.cost.step import instance_from_role
 from simulator.des.pricing import StepPricer, round_bits
 from simulator.specs.attention import kind
@@ -254,3 +254,53 @@ def test_a_point_inside_a_table_keeps_its_provenance_beside_one_carried_past_it(
     assert list(both.point_codes()) == [SOURCES.index(near.source), SOURCES.index(far.source)]
     assert both.source == far.source
     assert list(both.ms) == [near.ms[0], far.ms[0]]
+
+
+@pytest.mark.parametrize("bits", [3, 6])
+def test_the_lattice_around_a_context_is_every_rounded_value_next_to_it(bits: int) -> None:
+    """The contexts priced ahead are the step memo's rounded values nearest the new one,
+    none skipped: every value of the lattice between them, across powers of two."""
+    half = 1 << (bits - 1)  # the lattice: every mantissa of `bits` bits at every exponent
+    lattice = np.unique([m * 2.0 ** e for m in range(half, 2 * half) for e in range(-8, 20)])
+    lattice = lattice[lattice >= 1.0]
+    assert (round_bits(lattice, bits) == lattice).all()
+    for x in (1.0, float(1 << bits), 96.0 if bits == 6 else 12.0, float(round_bits(3000.0,
+                                                                                   bits))):
+        at = int(np.searchsorted(lattice, x))
+        assert lattice[at] == x
+        around = lattice_around(x, bits, 10, 10)
+        up = [v for v in around if v > x]
+        down = [v for v in around if v < x]
+        assert up == lattice[at + 1:at + 11].tolist()
+        assert down == lattice[max(at - 10, 0):at][::-1].tolist()
+
+
+def test_a_decode_point_prices_its_next_contexts_with_it() -> None:
+    """A new decode point of an operation whose price grows with the context is priced with
+    its neighbours on the step memo's lattice, in the same call: the steps that follow as the
+    context creeps up find their prices without another call, each the direct price bit for
+    bit with its provenance; a prefill point prices itself alone, and so does every point
+    without the lattice."""
+    hw, m = load_hardware("gb300"), load_model("deepseek-v4.1-flash")
+    cal = load_calibration(hw)
+    inst = instance_from_role(m, hw, "decode", RoleSpec(instances=1, dep=8), "fp8", "fp8")
+    source = kind("csa2_source_r2")
+    one = np.array([1.0])
+    for bits in (None, 6):
+        cached = CachedCalibration(cal, lattice_bits=bits)
+        context = float(round_bits(40_000.0, 6))
+        cached.dsv41_indexer(source, False, inst, np.array([8.0]), one, np.array([context]))
+        for _ in range(LATTICE_UP):
+            context = lattice_around(context, 6, 1, 0)[0]
+            got = cached.dsv41_indexer(source, False, inst, np.array([8.0]), one,
+                                       np.array([context]))
+            direct = cal.dsv41_indexer(source, False, inst, np.array([8.0]), one,
+                                       np.array([context]))
+            assert got is not None and direct is not None
+            assert got.ms[0] == direct.ms[0] and got.source == direct.source
+        assert cached.calls == (1 if bits else 1 + LATTICE_UP)
+    cached = CachedCalibration(cal, lattice_bits=6)
+    cached.dsv41_indexer(source, True, inst, np.array([8.0]), np.array([64.0]),
+                         np.array([40_960.0]))
+    cached.dsv41_indexer(source, False, inst, np.array([8.0]), one, np.array([40_961.0]))
+    assert cached.points == 2

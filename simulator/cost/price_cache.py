@@ -205,6 +205,14 @@ def _one_point(args: tuple[Any, ...], varying: tuple[int, ...]
     return b"".join(parts), (1,) * ndim
 
 
+def _frozen(ms: float, code: int, table: str) -> Priced:
+    """The price of one point in shape (1,), its arrays read-only (shared by the calls)."""
+    values, codes = np.array([ms]), np.array([code])
+    values.setflags(write=False)
+    codes.setflags(write=False)
+    return Priced(values, SOURCES[code], table, codes)
+
+
 class _Points:
     """The priced points of one operation with its fixed arguments."""
 
@@ -213,6 +221,9 @@ class _Points:
         self.ms: list[float] = []
         self.code: list[int] = []
         self.table: list[str] = []
+        self.one: dict[int, Priced] = {}
+        """Point index -> its price as a one-point call of shape (1,) gets it (read-only
+        arrays: every such call shares it)."""
         self.none = False
         """The operation answered None (no table for it): it does for every point."""
 
@@ -282,6 +293,11 @@ class CachedCalibration:
                 if not self._fill(memo, method, varying, args, kwargs, keys, rows):
                     return None
                 i = memo.index[key]
+            if shape == (1,):  # most calls: the point's one answer, made once
+                one = memo.one.get(i)
+                if one is None:
+                    one = memo.one[i] = _frozen(memo.ms[i], memo.code[i], memo.table[i])
+                return one
             code = memo.code[i]  # np.array of a list: a third of np.full's time
             return Priced(np.array([memo.ms[i]]).reshape(shape), SOURCES[code], memo.table[i],
                           np.array([code]).reshape(shape))

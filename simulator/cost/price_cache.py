@@ -294,10 +294,10 @@ class CachedCalibration:
                     return None
                 i = memo.index[key]
             if shape == (1,):  # most calls: the point's one answer, made once
-                one = memo.one.get(i)
-                if one is None:
-                    one = memo.one[i] = _frozen(memo.ms[i], memo.code[i], memo.table[i])
-                return one
+                made = memo.one.get(i)
+                if made is None:
+                    made = memo.one[i] = _frozen(memo.ms[i], memo.code[i], memo.table[i])
+                return made
             code = memo.code[i]  # np.array of a list: a third of np.full's time
             return Priced(np.array([memo.ms[i]]).reshape(shape), SOURCES[code], memo.table[i],
                           np.array([code]).reshape(shape))

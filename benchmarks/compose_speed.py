@@ -65,10 +65,12 @@ def price(path: Path, steps: int) -> None:
     from simulator.calibration import load_calibration
     from simulator.cost.price_cache import CachedCalibration
     from simulator.cost.step import open_step
+    from simulator.des import SimOptions
 
     with path.open("rb") as f:
         recorded = pickle.load(f)[:steps]
     cals: dict[tuple[str, str, str | None], Any] = {}
+    bits = SimOptions().price_bits  # the lattice a simulation's step memo prices ahead on
     for inst, batch, engine, version in recorded[:20]:  # tables loaded, grids built: untimed
         open_step(inst, batch, load_calibration(inst.hardware, engine, version))
     start = time.process_time()
@@ -76,7 +78,7 @@ def price(path: Path, steps: int) -> None:
         key = (inst.hardware.name, engine, version)
         if key not in cals:
             cals[key] = CachedCalibration(load_calibration(inst.hardware, engine, version))
-            cals[key].lattice_bits = 6  # as a simulation's step memo sets it (6 bits)
+            cals[key].lattice_bits = bits
         open_step(inst, batch, cals[key])
     print(f"{time.process_time() - start:.3f} {len(recorded)}")
 

@@ -351,7 +351,6 @@ class CachedCalibration:
         if rule is None or bits is None or args[rule[0]]:
             return keys
         axis = rule[1]
-        width = len(varying)
         rows = []
         for key in keys:
             point = np.frombuffer(key, dtype=float)
@@ -364,7 +363,7 @@ class CachedCalibration:
             rows.append(near)
         if not rows:
             return keys
-        near = np.concatenate(rows).reshape(-1, width)
+        near = np.concatenate(rows)  # one row per point, the varying arguments in order
         same = SAME_PRICE.get(name)
         if same is not None:
             call = list(args)

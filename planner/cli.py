@@ -227,12 +227,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.des import SimOptions, simulate
     from simulator.specs.deployment import check_against_model
     from simulator.specs.hardware import load_hardware
-    from simulator.specs.loading import load_workload
     from simulator.specs.model import load_model
     from simulator.specs.workload import Workload
 
     deployment, planned = load_plan_or_deployment(args.deployment)
-    workload = load_workload(Path(args.workload)) if args.workload else planned or Workload()
+    workload = (defaults.load_workload_arg(args.workload) if args.workload
+                else planned or Workload())
     if args.workload or planned:  # the built-in default is not the user's; check theirs
         model = load_model(deployment.model)
         load_hardware(deployment.hardware)  # the deployment's own errors come first
@@ -690,8 +690,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="simulate a deployment under a workload")
     p.add_argument("deployment", help="deployment YAML (DESIGN.md format), or a plan.yaml")
-    p.add_argument("--workload", help="workload YAML; default: a plan's own workload, else "
-                                      "closed loop at 2048, 4000 requests of 2000 in / 1000 out")
+    p.add_argument("--workload", help="workload YAML or preset name (`rackplan workloads`); "
+                                      "default: a plan's own workload, else closed loop at "
+                                      "2048, 4000 requests of 2000 in / 1000 out")
     p.add_argument("--engine-only", action="store_true",
                    help="leave out the serving stack's fitted fixed latencies (API server, P/D "
                         "handoff) and time the engine alone")

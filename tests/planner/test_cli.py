@@ -132,6 +132,22 @@ def test_simulate_bad_workload(tmp_path):
                                   "--workload", str(path)), "sometimes", "closed")
 
 
+def test_simulate_takes_a_workload_preset_by_name(capsys):
+    """`simulate --workload NAME` reads the preset `search --workload NAME` reads: the same
+    figures as its YAML given by path; a name that is neither is one line naming the presets."""
+    from importlib import resources
+    deck = "examples/deepseek-v3-h200-pd.yaml"
+    preset = resources.files("planner").joinpath("presets/agentic.yaml")
+    with resources.as_file(preset) as path:
+        assert main(["simulate", deck, "--workload", str(path), "--json"]) == 0
+        by_path = capsys.readouterr().out
+    assert main(["simulate", deck, "--workload", "agentic", "--json"]) == 0
+    assert capsys.readouterr().out == by_path
+    assert json.loads(by_path)["completed"] == 640
+    assert_one_line_error(run_cli("simulate", deck, "--workload", "agentik"), "'agentik'",
+                          "agentic, agentx, chat")
+
+
 def test_v4_config_with_a_bad_compress_ratio_is_one_line(tmp_path):
     from importlib import resources
     cfg = json.loads(resources.files("simulator.specs").joinpath(

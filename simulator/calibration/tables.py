@@ -65,6 +65,7 @@ OP_FILES: dict[str, tuple[str, str]] = {
     "dsv4_hca_generation": ("sparse_attention", "dsv4_hca_generation_module_perf.parquet"),
     "dsv4_indexer": ("sparse_attention", "dsv4_paged_mqa_logits_module_perf.parquet"),
     "dsv4_hca_attn": ("sparse_attention", "dsv4_hca_attn_module_perf.parquet"),
+    "dsv4_topk": ("sparse_attention", "dsv4_csa_topk_calib_perf.parquet"),
     "mhc": ("mhc", "mhc_module_perf.parquet"),
     "mega_moe": ("moe", "dsv4_megamoe_module_perf.parquet"),
     "gdn": ("linear_attention", "gdn_perf.parquet"),
@@ -73,7 +74,7 @@ OP_FILES: dict[str, tuple[str, str]] = {
     "a2a_nvlink": ("comm", "trtllm_alltoall_perf.parquet"),
 }
 OP_ENGINES = {"nccl": ("nccl",), "moe_wideep_generation": ("sglang",),
-              "mega_moe": ("sglang",), "a2a_wide_ll": ("sglang",),
+              "mega_moe": ("sglang",), "dsv4_topk": ("sglang",), "a2a_wide_ll": ("sglang",),
               "a2a_wide_normal": ("sglang",),
               "moe_wideep_context": ("sglang",), "a2a_nvlink": ("trtllm",)}
 """Ops whose tables sit under a library's folder rather than the engine's."""
@@ -95,6 +96,14 @@ same dtype, else bf16 (TensorRT-LLM measures its normal kernels' dispatch in bf1
 only: bf16, the slower, prices an fp8 dispatch there). A smaller dtype's time is not scaled
 from a larger one's: the measured kernels are far from their bytes (NVFP4 dispatch 10 % faster
 than bf16 at 3.6 x fewer bytes, B200, 8K tokens)."""
+
+TOPK_SCORES = "v1_top_last"
+"""The rows of SGLang's kernel-level top-k table (`dsv4_csa_topk_calib`) that price the
+selection after V4's indexer. Its collector times the top-k transform twice a shape: over
+scores all alike ("flat", a radix select's worst case, what the dummy scores of the module
+collectors give) and over scores whose best come last ("top_last"); aiconfigurator corrects
+its measured CSA modules by flat - top_last, taking top_last as what real scores cost. v1 is
+the kernel it times in prefill and decode (v2 only at one new token)."""
 
 LATENCY_UNIT_MS = {"all_to_all": 1e-3}
 """Tables whose latency column is not in ms (the all-to-all table is in microseconds)."""
@@ -990,7 +999,8 @@ class Calibration:
         and computes) at the context where it scores as many keys, its efficiency applied to
         this layer's roofline (its index heads and key bytes). In decode its keys are read once
         per pair of a request's query rows where the kernel pairs them (`indexer_key_reads`).
-        Flagged extrapolated."""
+        In prefill, then each query row's selection of top-k among the keys it scored
+        (`dsv4_topk`). Flagged extrapolated."""
         if kind.index == "none":
             return None
         m, hw = inst.model, self.hardware
@@ -1014,7 +1024,11 @@ class Calibration:
             topk=1, index_heads=m.index_n_heads, index_dim=m.index_head_dim, entry_bytes=0.0,
             index_bytes=INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim) * reads,
             index_cap=cap)
-        return got.transferred(own, v4_roof(b, kn, p4, heads))
+        scoring = got.transferred(own, v4_roof(b, kn, p4, heads))
+        if not context:  # a decode row's selection: microseconds (`dsv4_topk`)
+            return scoring
+        # then each prompt row's top-k of the keys it scored, at V4's past of as many keys
+        return Priced.total([scoring, self.dsv4_topk(pinst, b, kn, p4)])
 
     def dsv41_attention(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,
                         new: np.ndarray, past: np.ndarray) -> Priced:
@@ -1202,6 +1216,42 @@ class Calibration:
         levels, longest = found
         i = np.clip(np.searchsorted(levels, batch), 0, len(levels) - 1)
         return longest[i]
+
+    def dsv4_topk(self, inst: Instance, batch: np.ndarray, new: np.ndarray,
+                  past: np.ndarray) -> Priced:
+        """The top-k selection after one DeepSeek-V4 CSA indexer's scoring: each query row
+        keeps the `sparse_topk` best of the compressed keys before it (one per 4 tokens), from
+        SGLang's kernel-level table (its top-k transform over ordered scores: TOPK_SCORES) in
+        prefill (batch, new tokens, where the chunk ends) and decode (batch, context); no
+        engine ships its own. Nothing to select where a row has at most top-k keys. Its
+        roofline: the row's logits read once (fp32); beyond the table at the efficiency of the
+        table's edge (flagged extrapolated). The cost model charges it after a prompt chunk's
+        scoring only: a decode row's selection is launch-bound where the table measures it
+        (0.003-0.012 ms at 1-64 rows up to 32K keys, flat in rows; 0.07 ms for one row of
+        250K keys), and the table stops before decode batches at long contexts, where its
+        edge's launch-bound efficiency would price hundreds of rows as one after another."""
+        m, hw = inst.model, self.hardware
+        ratio, topk = 4, m.sparse_topk
+
+        def roof(b: Any, n: Any, p: Any) -> np.ndarray:
+            b, n, p = (np.asarray(v, dtype=float) for v in (b, n, p))
+            keys = (p + (n + 1) / 2) / ratio  # a chunk's mean row
+            return np.where((p + n) / ratio > topk, b * n * keys * 4 / hw.hbm_bytes_s * 1e3,
+                            0.0)
+
+        def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+            rows = df[(df.score_mode == TOPK_SCORES) & (df.latency > 0)]
+            rows = rows[rows.num_heads == rows.num_heads.min()]  # one model's runs: the same
+            rows = rows[roof(rows.batch_size, rows.isl, rows.step) > 0]  # kernel either way
+            return rows.assign(end=rows.step + rows.isl), 0
+
+        grid = self._grid(("dsv4_topk", TOPK_SCORES), "dsv4_topk", select,
+                          ["batch_size", "isl", "end"],
+                          lambda r: roof(r.batch_size, r.isl, r.step))
+        b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
+                                        for v in (batch, new, past)))
+        b, n, p = np.maximum(b, 1.0), np.maximum(n, 1.0), np.maximum(p, 0.0)
+        return self._price(grid, np.stack([b, n, p + n], axis=1), roof(b, n, p), 0.3)
 
     def dsv4_kernel(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,
                     past: np.ndarray) -> Priced:

@@ -284,6 +284,38 @@ def test_a_decode_indexer_reads_a_requests_keys_once_per_pair_of_its_rows():
         scoring(h200, 64 * 4, 0, "fp8") / 2, rel=1e-12)
 
 
+def test_a_prompt_chunks_indexer_pays_its_top_k_selection_from_the_measured_table():
+    """After scoring a long cached prefix's keys, each prompt row keeps its top-k of them: the
+    measured top-k table (SGLang's kernel-level collector, ordered scores) gives V4's points
+    back exactly, a V4.1 source layer pays it at V4's past of as many keys on top of the
+    scoring, nothing is selected where a row has no more than top-k keys, and a decode row's
+    indexer prices its scoring alone."""
+    cal = load_calibration(GB300, "vllm")
+    v4 = _inst(model=V4, role="prefill", ranks=2)
+    # the table's rows: 4,096 new tokens after 512K (1,000,000) tokens; 8,192 after none
+    got = cal.dsv4_topk(v4, np.array([1.0, 1.0, 1.0]), np.array([4096.0, 4096.0, 8192.0]),
+                        np.array([524_288.0, 1_000_000.0, 0.0]))
+    assert got.ms.tolist() == pytest.approx([0.904, 1.729, 0.046], abs=5e-4)
+    assert got.table == "gb300/sparse_attention/sglang/0.5.14"
+    assert (got.point_codes() == 0).all()  # measured
+    # at most top-k (512) keys a row, one per 4 tokens: nothing to select
+    assert cal.dsv4_topk(v4, np.ones(1), np.array([1024.0]), np.array([1024.0])).ms[0] == 0.0
+
+    source, inst = kind("csa2_source_r2"), _inst(role="prefill", ranks=2)
+    one = (np.ones(1), np.array([4096.0]))
+    cold = cal.dsv41_indexer(source, True, inst, *one, np.zeros(1))
+    warm = cal.dsv41_indexer(source, True, inst, *one, np.array([524_288.0]))
+    # 512K cached tokens are 256K keys of a pair source: V4's past of 1,050,624 tokens, 5 %
+    # more keys a row than the table's last measured past (1M: 1.729 ms)
+    assert "gb300/sparse_attention/sglang/0.5.14" in warm.table
+    selection = cal.dsv4_topk(v4, *one, np.array([4 * (524_288.0 + 2048) / 2 - 2048]))
+    assert 1.729 < selection.ms[0] < 1.729 * 1.06
+    assert warm.ms[0] - cold.ms[0] > selection.ms[0]
+    decode = cal.dsv41_indexer(source, False, _inst(), np.array([64.0]), np.ones(1),
+                               np.array([131_072.0]))
+    assert "sglang" not in decode.table
+
+
 def test_mega_attention_prices_blackwell_decode():
     cal = load_calibration(GB300, "vllm")
 

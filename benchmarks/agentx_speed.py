@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -33,6 +34,21 @@ DEPLOYMENT = Deployment(
     prefill=RoleSpec(instances=20, dep=2, max_num_batched_tokens=16384),
     decode=RoleSpec(instances=2, dep=16, max_num_seqs=256, redundant_experts=16,
                     speculative=Speculative(tokens=3, acceptance=0.8)))
+
+
+def _progress_lines(start: float, every_s: float = 30.0) -> Callable[[float], None]:
+    """A line on stderr at most every `every_s` seconds with the share of requests done (the
+    default run takes minutes on 2 cores)."""
+    last = [start]
+
+    def report(done: float) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= every_s or done >= 1.0:
+            last[0] = now
+            print(f"simulating: {done:.0%} of requests done ({now - start:,.0f} s)",
+                  file=sys.stderr, flush=True)
+
+    return report
 
 
 def main() -> None:
@@ -59,7 +75,8 @@ def main() -> None:
     deck["model"] = args.model
     deck["decode"]["speculative"]["method"] = draft_method(args.model)  # V4.1: DSpark drafts
     deployment = Deployment.model_validate(deck)
-    res = simulate(deployment, workload, options=SimOptions(macro_steps=not args.single_steps))
+    res = simulate(deployment, workload, options=SimOptions(macro_steps=not args.single_steps),
+                   progress=_progress_lines(t0))
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     m = res.metrics()
     print(f"{args.model}: {args.trees:,} trees, {requests:,} requests "

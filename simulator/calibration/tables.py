@@ -891,7 +891,9 @@ class Calibration:
                     new: np.ndarray, past: np.ndarray) -> Priced:
         """One DeepSeek-V4 attention layer of `kind` (projections, compressor, indexer and
         attention) from the measured dsv4 module tables; an SWA-only layer from the HCA table at
-        a window-length context (flagged extrapolated)."""
+        a window-length context (flagged extrapolated). Past the module's measured contexts a
+        CSA layer grows by its indexer's scoring and, in prefill, its rows' top-k selection
+        (`dsv4_topk`); inside them the module's measurement, selection included, stands."""
         m = inst.model
         heads = max(m.num_attention_heads // inst.tp, 1)
         swa = kind.ratio == 0
@@ -922,6 +924,9 @@ class Calibration:
         # than the module's), its sustained rate beyond them
         grow = np.maximum(self.dsv4_kernel(kernel, inst, b, kn, p).ms
                           - self.dsv4_kernel(kernel, inst, b, kn, inside).ms, 0.0)
+        if context and kind.ratio == 4:  # and a prompt row's top-k selection among more keys
+            grow = grow + np.maximum(self.dsv4_topk(inst, b, n, p).ms
+                                     - self.dsv4_topk(inst, b, n, inside).ms, 0.0)
         return got.carried(got.ms + np.where(beyond, grow, 0.0), beyond)
 
     def _dsv4_module_roof(self, kind: DSV4, inst: Instance

@@ -252,3 +252,21 @@ def test_long_decode_reads_beyond_the_kernel_table_stream_at_the_measured_rate()
     extra = 64 * (855000 - 131072) / 4 * INDEXER_KEY_BYTES["fp4"](FLASH.index_head_dim)
     assert far.ms[0] - near.ms[0] == pytest.approx(extra / (GB300.hbm_bytes_s * stream) * 1e3,
                                                    rel=0.02)
+
+
+def test_a_csa_prompt_chunk_past_the_module_table_grows_by_scoring_and_selection():
+    """Past the CSA module table's measured contexts (64K) a prompt chunk's layer grows by what
+    its indexer scores and, from the measured top-k table, by each row's selection among the
+    more keys: between two contexts past the edge, exactly the two kernels' differences."""
+    cal = load_calibration(GB300, "vllm")
+    inst = Instance(model=FLASH, hardware=GB300, role="prefill", ranks=2,
+                    expert_parallel=True, weights="fp4", kv_cache="fp8", indexer_cache="fp4")
+    b, n = np.ones(2), np.full(2, 4096.0)
+    p = np.array([200_000.0, 524_288.0])
+    module = cal.dsv4_module(kind("csa"), True, inst, b, n, p).ms
+    scoring = cal.dsv4_kernel("dsv4_indexer", inst, b, n, p).ms
+    selection = cal.dsv4_topk(inst, b, n, p).ms
+    assert selection[1] == pytest.approx(0.904, abs=5e-4)  # the table's point after 512K
+    assert module[1] - module[0] == pytest.approx(
+        (scoring[1] - scoring[0]) + (selection[1] - selection[0]), rel=1e-9)
+    assert selection[1] - selection[0] > 0.4

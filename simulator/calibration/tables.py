@@ -925,8 +925,10 @@ class Calibration:
         grow = np.maximum(self.dsv4_kernel(kernel, inst, b, kn, p).ms
                           - self.dsv4_kernel(kernel, inst, b, kn, inside).ms, 0.0)
         if context and kind.ratio == 4:  # and a prompt row's top-k selection among more keys
-            grow = grow + np.maximum(self.dsv4_topk(inst, b, n, p).ms
-                                     - self.dsv4_topk(inst, b, n, inside).ms, 0.0)
+            k = len(b)  # both contexts in one query
+            both = self.dsv4_topk(inst, np.concatenate([b, b]), np.concatenate([n, n]),
+                                  np.concatenate([p, inside])).ms
+            grow = grow + np.maximum(both[:k] - both[k:], 0.0)
         return got.carried(got.ms + np.where(beyond, grow, 0.0), beyond)
 
     def _dsv4_module_roof(self, kind: DSV4, inst: Instance

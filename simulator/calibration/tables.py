@@ -1228,7 +1228,8 @@ class Calibration:
                   past: np.ndarray) -> Priced:
         """The top-k selection after one DeepSeek-V4 CSA indexer's scoring: each query row
         keeps the `sparse_topk` best of the compressed keys before it (one per 4 tokens), from
-        SGLang's kernel-level table (its top-k transform over ordered scores: TOPK_SCORES) in
+        SGLang's kernel-level table (its top-k transform over ordered scores: TOPK_SCORES;
+        the runs of the model with this one's head count, else the nearest, extrapolated) in
         prefill (batch, new tokens, where the chunk ends) and decode (batch, context); no
         engine ships its own. Nothing to select where a row has at most top-k keys. Its
         roofline: the row's logits read once (fp32); beyond the table at the efficiency of the
@@ -1248,17 +1249,29 @@ class Calibration:
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             rows = df[(df.score_mode == TOPK_SCORES) & (df.latency > 0)]
-            rows = rows[rows.num_heads == rows.num_heads.min()]  # one model's runs: the same
-            rows = rows[roof(rows.batch_size, rows.isl, rows.step) > 0]  # kernel either way
-            return rows.assign(end=rows.step + rows.isl), 0
+            # the model's own runs (by its head count: V4-Flash 64, top-k 512; V4-Pro 128,
+            # top-k 1024), else the nearest model's
+            heads, floor = m.num_attention_heads, 0
+            if not (rows.num_heads == heads).any():
+                have = rows.num_heads.unique()
+                heads, floor = have[np.argmin(np.abs(np.log(have / heads)))], EXTRAPOLATED
+            rows = rows[rows.num_heads == heads]
+            rows = rows[roof(rows.batch_size, rows.isl, rows.step) > 0]
+            return rows.assign(end=rows.step + rows.isl), floor
 
-        grid = self._grid(("dsv4_topk", TOPK_SCORES), "dsv4_topk", select,
+        grid = self._grid(("dsv4_topk", TOPK_SCORES, m.num_attention_heads, topk), "dsv4_topk",
+                          select,
                           ["batch_size", "isl", "end"],
                           lambda r: roof(r.batch_size, r.isl, r.step))
         b, n, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
                                         for v in (batch, new, past)))
         b, n, p = np.maximum(b, 1.0), np.maximum(n, 1.0), np.maximum(p, 0.0)
-        return self._price(grid, np.stack([b, n, p + n], axis=1), roof(b, n, p), 0.3)
+        r = roof(b, n, p)
+        got = self._price(grid, np.stack([b, n, p + n], axis=1), r, 0.3)
+        if r.all():
+            return got
+        codes = np.where(r > 0, got.point_codes(), 0)  # nothing to select: none measured
+        return Priced(got.ms, SOURCES[int(codes.max())], got.table, codes)
 
     def dsv4_kernel(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,
                     past: np.ndarray) -> Priced:

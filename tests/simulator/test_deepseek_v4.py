@@ -270,3 +270,9 @@ def test_a_csa_prompt_chunk_past_the_module_table_grows_by_scoring_and_selection
     assert module[1] - module[0] == pytest.approx(
         (scoring[1] - scoring[0]) + (selection[1] - selection[0]), rel=1e-9)
     assert selection[1] - selection[0] > 0.4
+    # V4-Pro selects its own top-k (1,024) from its own runs of the kernel (128 heads)
+    pro = Instance(model=PRO, hardware=GB300, role="prefill", ranks=2, expert_parallel=True,
+                   weights="fp4", kv_cache="fp8", indexer_cache="fp4")
+    got = cal.dsv4_topk(pro, np.ones(2), np.array([4096.0, 1024.0]), np.array([524_288.0, 2048.0]))
+    assert got.ms[0] == pytest.approx(0.7986, abs=5e-4) and got.ms[1] == 0.0  # 768 keys
+    assert (got.point_codes() == 0).all()

@@ -133,11 +133,22 @@ SAME_PRICE: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
 itself does first), so that they are one point here."""
 
 
+def round_bits(x: Any, bits: int) -> Any:
+    """`x` (>= 0, below 2^900; an array or one float) rounded to nearest at `bits` significant
+    bits, ties to even.
+
+    Veltkamp's split in three float operations: c = x (2^(53 - bits) + 1) holds x shifted
+    up, c - (c - x) its leading `bits` bits (the same values as rounding frexp's mantissa;
+    tests/simulator/test_price_cache.py checks them against it)."""
+    c = x * float((1 << (53 - bits)) + 1)
+    return c - (c - x)
+
+
 LATTICE_AHEAD = {"dsv41_indexer": (1, 2), "dsv4_module": (1, 2), "dsa_module": (0, 2)}
 """Operation -> (position of its prefill flag, index among its varying arguments of the
 context): operations whose decode price grows with the context without bound and costs a
 fraction of a millisecond a call. A decode step's context creeps up one value of the step
-memo's lattice at a time (`simulator.des.pricing.round_bits`), so when such a decode point is
+memo's lattice at a time (`round_bits`), so when such a decode point is
 new, the price cache prices it with the next LATTICE_UP and the previous LATTICE_DOWN lattice
 contexts (same batch and tokens) in the same vectorised call: one call for a run of steps
 instead of one each. Each price is still the wrapped calibration's of its point, bit for bit
@@ -154,7 +165,7 @@ def lattice_around(x: float, bits: int, up: int, down: int) -> list[float]:
     out = []
     v = x
     for _ in range(up):
-        m, e = math.frexp(v)  # v = m 2^e, m in [0.5, 1): its binade steps by 2^(e - bits)
+        e = math.frexp(v)[1]  # v = m 2^e, m in [0.5, 1): its binade steps by 2^(e - bits)
         v += math.ldexp(1.0, e - bits)
         out.append(v)
     v = x
@@ -355,7 +366,7 @@ class CachedCalibration:
         for key in keys:
             point = np.frombuffer(key, dtype=float)
             context = float(point[axis])
-            if not context >= 1.0 or not math.ldexp(math.frexp(context)[0], bits).is_integer():
+            if not context >= 1.0 or round_bits(context, bits) != context:
                 continue  # off the lattice: more than `bits` significant bits
             around = lattice_around(context, bits, LATTICE_UP, LATTICE_DOWN)
             near = np.repeat(point[None], len(around), axis=0)

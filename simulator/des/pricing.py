@@ -42,7 +42,7 @@ import numpy as np
 
 from simulator.calibration import Calibration
 from simulator.cost import Batch, Instance, StepTime, step_time
-from simulator.cost.price_cache import CachedCalibration
+from simulator.cost.price_cache import CachedCalibration, round_bits
 from simulator.cost.step import (
     OpenStep,
     close_step,
@@ -51,18 +51,6 @@ from simulator.cost.step import (
     step_replays,
     step_shares,
 )
-
-
-def round_bits(x: Any, bits: int) -> Any:
-    """`x` (>= 0, below 2^900; an array or one float) rounded to nearest at `bits` significant
-    bits, ties to even.
-
-    Veltkamp's split in three float operations: c = x (2^(53 - bits) + 1) holds x shifted
-    up, c - (c - x) its leading `bits` bits (the same values as rounding frexp's mantissa;
-    tests/simulator/test_price_cache.py checks them against it)."""
-    c = x * float((1 << (53 - bits)) + 1)
-    return c - (c - x)
-
 
 FEW_ROWS = 32
 """Up to this many rows, `pareto_front` works on Python floats (numpy's per-call cost dominates

@@ -892,8 +892,9 @@ class Calibration:
         """One DeepSeek-V4 attention layer of `kind` (projections, compressor, indexer and
         attention) from the measured dsv4 module tables; an SWA-only layer from the HCA table at
         a window-length context (flagged extrapolated). Past the module's measured contexts a
-        CSA layer grows by its indexer's scoring and, in prefill, its rows' top-k selection
-        (`dsv4_topk`); inside them the module's measurement, selection included, stands."""
+        CSA layer grows by its indexer's scoring and its rows' top-k selection (`dsv4_topk`,
+        `dsv4_decode_topk`); inside them the module's measurement, selection included,
+        stands."""
         m = inst.model
         heads = max(m.num_attention_heads // inst.tp, 1)
         swa = kind.ratio == 0
@@ -924,10 +925,14 @@ class Calibration:
         # than the module's), its sustained rate beyond them
         grow = np.maximum(self.dsv4_kernel(kernel, inst, b, kn, p).ms
                           - self.dsv4_kernel(kernel, inst, b, kn, inside).ms, 0.0)
-        if context and kind.ratio == 4:  # and a prompt row's top-k selection among more keys
+        if kind.ratio == 4:  # and each query row's top-k selection among more keys
             k = len(b)  # both contexts in one query
-            both = self.dsv4_topk(inst, np.concatenate([b, b]), np.concatenate([n, n]),
-                                  np.concatenate([p, inside])).ms
+            if context:
+                both = self.dsv4_topk(inst, np.concatenate([b, b]), np.concatenate([n, n]),
+                                      np.concatenate([p, inside])).ms
+            else:
+                both = self.dsv4_decode_topk(inst, np.concatenate([b, b]),
+                                             np.concatenate([p, inside])).ms
             grow = grow + np.maximum(both[:k] - both[k:], 0.0)
         return got.carried(got.ms + np.where(beyond, grow, 0.0), beyond)
 
@@ -1006,8 +1011,8 @@ class Calibration:
         and computes) at the context where it scores as many keys, its efficiency applied to
         this layer's roofline (its index heads and key bytes). In decode its keys are read once
         per pair of a request's query rows where the kernel pairs them (`indexer_key_reads`).
-        In prefill, then each query row's selection of top-k among the keys it scored
-        (`dsv4_topk`). Flagged extrapolated."""
+        Then each query row's selection of top-k among the keys it scored (`dsv4_topk` in
+        prefill, `dsv4_decode_topk` in decode). Flagged extrapolated."""
         if kind.index == "none":
             return None
         m, hw = inst.model, self.hardware
@@ -1032,10 +1037,10 @@ class Calibration:
             index_bytes=INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim) * reads,
             index_cap=cap)
         scoring = got.transferred(own, v4_roof(b, kn, p4, heads))
-        if not context:  # a decode row's selection: microseconds (`dsv4_topk`)
-            return scoring
-        # then each prompt row's top-k of the keys it scored, at V4's past of as many keys
-        return Priced.total([scoring, self.dsv4_topk(pinst, b, kn, p4)])
+        # then each query row's top-k of the keys it scored, at V4's past of as many keys
+        chosen = (self.dsv4_topk(pinst, b, kn, p4) if context
+                  else self.dsv4_decode_topk(pinst, b, p4))
+        return Priced.total([scoring, chosen])
 
     def dsv41_attention(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,
                         new: np.ndarray, past: np.ndarray) -> Priced:
@@ -1233,18 +1238,15 @@ class Calibration:
         prefill (batch, new tokens, where the chunk ends) and decode (batch, context); no
         engine ships its own. Nothing to select where a row has at most top-k keys. Its
         roofline: the row's logits read once (fp32); beyond the table at the efficiency of the
-        table's edge (flagged extrapolated). The cost model charges it after a prompt chunk's
-        scoring only: a decode row's selection is launch-bound where the table measures it
-        (0.003-0.012 ms at 1-64 rows up to 32K keys, flat in rows; 0.07 ms for one row of
-        250K keys), and the table stops before decode batches at long contexts, where its
-        edge's launch-bound efficiency would price hundreds of rows as one after another."""
+        table's edge (flagged extrapolated). Decode rows past the table's reach are priced by
+        `dsv4_decode_topk`."""
         m, hw = inst.model, self.hardware
         ratio, topk = 4, m.sparse_topk
 
         def roof(b: Any, n: Any, p: Any) -> np.ndarray:
             b, n, p = (np.asarray(v, dtype=float) for v in (b, n, p))
             keys = (p + (n + 1) / 2) / ratio  # a chunk's mean row
-            return np.where((p + n) / ratio > topk, b * n * keys * 4 / hw.hbm_bytes_s * 1e3,
+            return np.where((p + n) // ratio > topk, b * n * keys * 4 / hw.hbm_bytes_s * 1e3,
                             0.0)
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
@@ -1272,6 +1274,66 @@ class Calibration:
             return got
         codes = np.where(r > 0, got.point_codes(), 0)  # nothing to select: none measured
         return Priced(got.ms, SOURCES[int(codes.max())], got.table, codes)
+
+    def dsv4_decode_topk(self, inst: Instance, rows: np.ndarray, past: np.ndarray) -> Priced:
+        """The top-k selection of a decode step's `rows` query rows after one DeepSeek-V4 CSA
+        indexer's scoring, each among the keys of `past` tokens (`dsv4_topk`'s table, one new
+        token a row). Where the table measured as many rows at this context, its price. It
+        stops short of decode batches at long contexts (256 rows reach 3K tokens, 4 rows 128K,
+        one row 1M): a row runs on its own, so the rows side by side cost what one row costs
+        and grow only past what runs at once (0.003 ms for 1 to 256 rows of 768 keys; 0.012 ms
+        for 1 to 4 rows of 32K), and a row's time grows with its keys (0.07 ms for 250K). Past
+        it, one row's time at this context (the one-row runs, beyond 1M tokens at their last
+        efficiency) times what the rows cost over one row at the longest context the table
+        measured that many rows, and beyond the most rows it measured (256) in proportion to
+        the rows (flagged extrapolated). Extrapolating the table's edge by the logits' bytes
+        instead would price hundreds of long rows one after another, at the launch-bound
+        efficiency of its short ones."""
+        r, p = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=float))
+                                     for v in (rows, past)))
+        r, p = np.maximum(r, 1.0), np.maximum(p, 0.0)
+        ones = np.ones_like(r)
+        direct = self.dsv4_topk(inst, r, ones, p)
+        edges = self._topk_decode_edges(inst)
+        if edges is None:  # no table: the roofline's price stands
+            return direct
+        levels, longest = edges
+        at = np.clip(np.searchsorted(levels, r), 0, len(levels) - 1)
+        inside = (p + 1 <= longest[at]) & (r <= levels[-1])
+        if inside.all():
+            return direct
+        measured = np.minimum(r, levels[-1])  # the most rows the table ran, then proportion
+        edge = longest[np.clip(np.searchsorted(levels, measured), 0, len(levels) - 1)] - 1
+        k = len(r)  # one row here, the rows and one row at their edge: one query
+        got = self.dsv4_topk(inst, np.concatenate([ones, measured, ones]),
+                             np.concatenate([ones, ones, ones]),
+                             np.concatenate([p, edge, edge])).ms
+        one, many, lone = got[:k], got[k:2 * k], got[2 * k:]
+        factor = np.maximum(np.divide(many, lone, out=np.ones_like(many), where=lone > 0),
+                            1.0) * (r / measured)
+        return direct.carried(np.where(inside, direct.ms, one * factor), ~inside)
+
+    def _topk_decode_edges(self, inst: Instance) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per batch the top-k table ran one new token a row with something to select (the
+        model's head count's runs, as `dsv4_topk` takes them): the batches, and the longest
+        context (step + 1) each reached; None where no such run ships."""
+        m = inst.model
+        key = ("dsv4_topk-decode", m.num_attention_heads)
+        if key not in self._edges:
+            got = self.frame("dsv4_topk")
+            rows = None if got is None else got[0]
+            if rows is not None:
+                rows = rows[(rows.score_mode == TOPK_SCORES) & (rows.latency > 0)
+                            & (rows.isl == 1)]
+            if rows is None or not len(rows):
+                self._edges[key] = None
+            else:
+                heads = rows.num_heads.unique()
+                near = heads[np.argmin(np.abs(np.log(heads / m.num_attention_heads)))]
+                rows = rows[rows.num_heads == near]
+                most = (rows.step + 1).groupby(rows.batch_size).max()
+                self._edges[key] = (most.index.to_numpy(float), most.to_numpy(float))
+        return self._edges[key]
 
     def dsv4_kernel(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,
                     past: np.ndarray) -> Priced:

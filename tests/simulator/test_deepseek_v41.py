@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from simulator.calibration import load_calibration
+from simulator.calibration.tables import _v4_instance
 from simulator.cost.memory import check_memory, rank_memory
 from simulator.cost.step import Batch, Instance, prefix_rewind, step_time
 from simulator.specs.attention import kind
@@ -266,14 +267,17 @@ def test_a_decode_indexer_reads_a_requests_keys_once_per_pair_of_its_rows():
     """vLLM's V4.1 indexer on DeepGEMM pairs two query rows of one request (drafts + 1) and
     loads their keys once: at 128K the scoring is memory-bound, so six rows a request cost half
     of six requests' rows on Blackwell; on Hopper six rows are flattened (no pairing), four
-    (a native next_n) pair."""
+    (a native next_n) pair. (Each row's top-k selection after it stays per row.)"""
     source = kind("csa2_source_r2")
 
     def scoring(hardware, requests, drafts, kv="fp4"):
         inst = _inst(hardware=hardware, spec_tokens=drafts, kv_cache=kv, indexer_cache=kv)
         cal = load_calibration(hardware, "vllm")
-        return float(cal.dsv41_indexer(source, False, inst, np.array([requests]), np.ones(1),
-                                       np.array([131_072.0])).ms[0])
+        rows = np.array([float(requests)])
+        both = cal.dsv41_indexer(source, False, inst, rows, np.ones(1), np.array([131_072.0]))
+        # the pair source's 64K keys a row: V4's past of 256K tokens
+        chosen = cal.dsv4_decode_topk(_v4_instance(inst), rows, np.array([262_144.0]))
+        return float(both.ms[0] - chosen.ms[0])
 
     assert scoring(GB300, 64 * 6, 5) == pytest.approx(scoring(GB300, 64 * 6, 0) / 2, rel=1e-12)
     assert scoring(GB300, 64 * 3, 2) == pytest.approx(scoring(GB300, 64 * 3, 0) * 2 / 3,
@@ -288,8 +292,7 @@ def test_a_prompt_chunks_indexer_pays_its_top_k_selection_from_the_measured_tabl
     """After scoring a long cached prefix's keys, each prompt row keeps its top-k of them: the
     measured top-k table (SGLang's kernel-level collector, ordered scores) gives V4's points
     back exactly, a V4.1 source layer pays it at V4's past of as many keys on top of the
-    scoring, nothing is selected where a row has no more than top-k keys, and a decode row's
-    indexer prices its scoring alone."""
+    scoring, and nothing is selected where a row has no more than top-k keys."""
     cal = load_calibration(GB300, "vllm")
     v4 = _inst(model=V4, role="prefill", ranks=2)
     # the table's rows: 4,096 new tokens after 512K (1,000,000) tokens; 8,192 after none
@@ -311,9 +314,38 @@ def test_a_prompt_chunks_indexer_pays_its_top_k_selection_from_the_measured_tabl
     selection = cal.dsv4_topk(v4, *one, np.array([4 * (524_288.0 + 2048) / 2 - 2048]))
     assert 1.729 < selection.ms[0] < 1.729 * 1.06
     assert warm.ms[0] - cold.ms[0] > selection.ms[0]
+
+
+def test_decode_rows_pay_their_top_k_selection_rows_side_by_side_keys_by_one_rows_runs():
+    """A decode step's query rows each select their top-k: the table's one-token runs where
+    they reach (4 rows after 128K tokens: measured), past them one row's measured time at the
+    context (the rows run side by side: 64 rows after 512K cost what one row does) and, past
+    the most rows the table ran (256), in proportion to the rows; a V4.1 decode indexer pays
+    it on top of its scoring."""
+    cal = load_calibration(GB300, "vllm")
+    v4 = _inst(model=V4)
+    rows, past = np.array([4.0, 64.0, 1.0, 256.0, 512.0]), np.array([131_072.0, *[524_288.0] * 4])
+    got = cal.dsv4_decode_topk(v4, rows, past)
+    assert got.ms[0] == pytest.approx(0.01233, abs=5e-5)  # measured, 4 rows of 32K keys
+    assert got.point_codes()[0] == 0 and (got.point_codes()[[1, 3, 4]] > 0).all()
+    assert got.ms[2] == pytest.approx(0.0391, abs=1e-4)  # one row of 128K keys, measured
+    assert got.ms[1] == pytest.approx(got.ms[2], rel=0.02)
+    assert got.ms[4] == pytest.approx(2 * got.ms[3])
+    # grows with the context; nothing to select at 512 keys
+    longer = cal.dsv4_decode_topk(v4, np.array([64.0]), np.array([2_000_000.0]))
+    assert longer.ms[0] > 3 * got.ms[1]
+    assert cal.dsv4_decode_topk(v4, np.array([64.0]), np.array([2048.0])).ms[0] == 0.0
+
+    source = kind("csa2_source_r2")
     decode = cal.dsv41_indexer(source, False, _inst(), np.array([64.0]), np.ones(1),
                                np.array([131_072.0]))
-    assert "sglang" not in decode.table
+    assert "gb300/sparse_attention/sglang/0.5.14" in decode.table
+    # the pair source's 64K keys a row: V4's past of 256K tokens
+    chosen = cal.dsv4_decode_topk(_inst(model=V4), np.array([64.0]), np.array([262_144.0]))
+    far = cal.dsv41_indexer(source, False, _inst(), np.array([64.0]), np.ones(1),
+                            np.array([855_000.0]))
+    assert decode.ms[0] > chosen.ms[0] > 0
+    assert far.ms[0] > decode.ms[0]
 
 
 def test_mega_attention_prices_blackwell_decode():

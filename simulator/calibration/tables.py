@@ -1317,22 +1317,26 @@ class Calibration:
         """Per batch the top-k table ran one new token a row with something to select (the
         model's head count's runs, as `dsv4_topk` takes them): the batches, and the longest
         context (step + 1) each reached; None where no such run ships."""
-        m = inst.model
-        key = ("dsv4_topk-decode", m.num_attention_heads)
+        want = inst.model.num_attention_heads
+        key = ("dsv4_topk-decode", want)
         if key not in self._edges:
-            got = self.frame("dsv4_topk")
-            rows = None if got is None else got[0]
-            if rows is not None:
-                rows = rows[(rows.score_mode == TOPK_SCORES) & (rows.latency > 0)
-                            & (rows.isl == 1)]
-            if rows is None or not len(rows):
-                self._edges[key] = None
-            else:
+
+            def longest_per_batch() -> dict[str, np.ndarray]:
+                got = self.frame("dsv4_topk")
+                if got is None:
+                    return {}
+                df = got[0]
+                rows = df[(df.score_mode == TOPK_SCORES) & (df.latency > 0) & (df.isl == 1)]
+                if not len(rows):
+                    return {}
                 heads = rows.num_heads.unique()
-                near = heads[np.argmin(np.abs(np.log(heads / m.num_attention_heads)))]
-                rows = rows[rows.num_heads == near]
+                rows = rows[rows.num_heads == heads[np.argmin(np.abs(np.log(heads / want)))]]
                 most = (rows.step + 1).groupby(rows.batch_size).max()
-                self._edges[key] = (most.index.to_numpy(float), most.to_numpy(float))
+                return {"levels": most.index.to_numpy(float), "longest": most.to_numpy(float)}
+
+            arrays = cached(("edge", *key, TOPK_SCORES, self), self._table_files("dsv4_topk"),
+                            longest_per_batch)
+            self._edges[key] = (arrays["levels"], arrays["longest"]) if arrays else None
         return self._edges[key]
 
     def dsv4_kernel(self, op: str, inst: Instance, batch: np.ndarray, new: np.ndarray,

@@ -201,6 +201,18 @@ def _rack_point(point: tuple[Subject, int, int, int, str, int, int]) -> dict[str
             "turns": turns, **m}
 
 
+def _say_run(s: Subject, r: dict[str, Any]) -> None:
+    """One rack run's line on stderr."""
+    from planner.objectives import metric_value
+
+    speed = metric_value(r, "tok_s_user_p90") or 0.0
+    print(f"  {s.model} rack P {r['prefill']}xDEP2 ({r['router']}) + D "
+          f"{r['decode']}xDEP{r['dep']}, {r['lanes']} lanes x {r['turns']} turns: "
+          f"{r['throughput_tok_s_gpu']:,.0f} tok/s/GPU, 90 % of requests >= "
+          f"{speed:.0f} tok/s, TTFT p90 {r['ttft_ms']['p90'] / 1e3:.1f} s, cache hits "
+          f"{r['cache_hit_share']:.1%}", file=sys.stderr, flush=True)
+
+
 def _fast_enough(run: dict[str, Any]) -> bool:
     from planner.objectives import metric_value
 
@@ -214,7 +226,9 @@ def _rack_layout(layout: tuple[Subject, int, int, int, str, int]) -> list[dict[s
     s, prefill, decode, dep, router, turns = layout
 
     def at(lanes: int) -> dict[str, Any]:
-        return _rack_point((s, prefill, decode, dep, router, lanes, turns))
+        run = _rack_point((s, prefill, decode, dep, router, lanes, turns))
+        _say_run(s, run)  # as each run ends: a layout's runs take minutes each
+        return run
 
     low, high, step = RACK_LOADS
     runs = [at(high)]
@@ -235,20 +249,14 @@ def _rack(s: Subject) -> float | None:
     routers and loads (per layout, the most lanes that keep it: `_rack_layout`)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from planner.objectives import metric_value
-
     if s.model not in _RACK:
         layouts = [(s, p, d, dep, r, RACK_TURNS) for p, d, dep in RACK_LAYOUTS
                    for r in RACK_ROUTERS]
+        print(f"  {s.model} rack: {len(layouts)} layouts, each bisecting its lanes between "
+              f"{RACK_LOADS[0]:,} and {RACK_LOADS[1]:,} (minutes a run; each printed as it "
+              "ends)", file=sys.stderr, flush=True)
         with ProcessPoolExecutor(max_workers=2) as pool:
             runs = [r for got in pool.map(_rack_layout, layouts) for r in got]
-        for r in runs:
-            speed = metric_value(r, "tok_s_user_p90") or 0.0
-            print(f"  {s.model} rack P {r['prefill']}xDEP2 ({r['router']}) + D "
-                  f"{r['decode']}xDEP{r['dep']}, {r['lanes']} lanes x {r['turns']} turns: "
-                  f"{r['throughput_tok_s_gpu']:,.0f} tok/s/GPU, 90 % of requests >= "
-                  f"{speed:.0f} tok/s, TTFT p90 {r['ttft_ms']['p90'] / 1e3:.1f} s, cache hits "
-                  f"{r['cache_hit_share']:.1%}", file=sys.stderr, flush=True)
         ok = [r for r in runs if _fast_enough(r)]
         _RACK[s.model] = max(ok, key=lambda r: r["throughput_tok_s_gpu"]) if ok else None
         if ok and _RACK[s.model]["lanes"] >= RACK_LOADS[1]:

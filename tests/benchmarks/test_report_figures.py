@@ -19,8 +19,11 @@ def test_each_rack_run_measures_the_turns_asked_and_the_bisection_keeps_the_spee
         speed = 250.0 if lanes <= 3000 else 150.0
         return {"lanes": lanes, "turns": turns, "tok_s_user": {"p90": speed}}
 
+    said = []
     monkeypatch.setattr(figures, "_rack_point", point)
+    monkeypatch.setattr(figures, "_say_run", lambda s, r: said.append(r["lanes"]))
     runs = figures._rack_layout((figures.V41, 20, 2, 16, "session_affinity", 7))
+    assert said == [lanes for lanes, _ in asked]  # each run reported as it ends
     assert {t for _, t in asked} == {7}
     low, high, step = figures.RACK_LOADS
     assert asked[:2] == [(high, 7), (low, 7)]

@@ -416,7 +416,8 @@ class Calibration:
     """Sustained rate (roofline / measured) of a long-context kernel's table."""
     _edges: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray] | None] = field(
         default_factory=dict, repr=False)
-    """Longest measured context per batch size of a module table (None: no table)."""
+    """Longest measured context per batch size of a module table, or of the top-k table's
+    one-token runs (`_topk_decode_edges`; None: no table)."""
     _v4_csas: dict[tuple[Any, ...], tuple[Instance, Priced, np.ndarray]] = field(
         default_factory=dict, repr=False)
     """`_v4_csa` by its points: (the proxy instance, kept so that its id stays its own; V4's

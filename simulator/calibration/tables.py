@@ -349,6 +349,14 @@ def _v4_instance(inst: Instance) -> Instance:
                       lambda: replace(inst, model=_v4_proxy(inst.model), kv_cache="fp8"))
 
 
+def _longest_at(edges: tuple[np.ndarray, np.ndarray], batch: np.ndarray) -> np.ndarray:
+    """The longest context a table measured at each queried batch, from its (batches, longest
+    context at each): that of the nearest measured batch at or above it (the largest
+    batch's past the last)."""
+    levels, longest = edges
+    return longest[np.clip(np.searchsorted(levels, batch), 0, len(levels) - 1)]
+
+
 def _measured_kv(kv_dtype: str) -> tuple[str, int]:
     """The KV dtype whose rows price `kv_dtype`: itself, or fp8 for fp4 KV (no GQA/MLA table
     measures an fp4 cache; the roofline carries the smaller reads), flagged extrapolated."""
@@ -928,12 +936,8 @@ class Calibration:
                           - self.dsv4_kernel(kernel, inst, b, kn, inside).ms, 0.0)
         if kind.ratio == 4:  # and each query row's top-k selection among more keys
             k = len(b)  # both contexts in one query
-            if context:
-                both = self.dsv4_topk(inst, np.concatenate([b, b]), np.concatenate([n, n]),
-                                      np.concatenate([p, inside])).ms
-            else:
-                both = self.dsv4_decode_topk(inst, np.concatenate([b, b]),
-                                             np.concatenate([p, inside])).ms
+            both = self.dsv4_selection(context, inst, np.concatenate([b, b]),
+                                       np.concatenate([n, n]), np.concatenate([p, inside])).ms
             grow = grow + np.maximum(both[:k] - both[k:], 0.0)
         return got.carried(got.ms + np.where(beyond, grow, 0.0), beyond)
 
@@ -1039,9 +1043,7 @@ class Calibration:
             index_cap=cap)
         scoring = got.transferred(own, v4_roof(b, kn, p4, heads))
         # then each query row's top-k of the keys it scored, at V4's past of as many keys
-        chosen = (self.dsv4_topk(pinst, b, kn, p4) if context
-                  else self.dsv4_decode_topk(pinst, b, p4))
-        return Priced.total([scoring, chosen])
+        return Priced.total([scoring, self.dsv4_selection(context, pinst, b, kn, p4)])
 
     def dsv41_attention(self, kind: CSA2, context: bool, inst: Instance, batch: np.ndarray,
                         new: np.ndarray, past: np.ndarray) -> Priced:
@@ -1226,9 +1228,7 @@ class Calibration:
         found = self._edges[ek]
         if found is None:
             return np.full_like(batch, np.inf)
-        levels, longest = found
-        i = np.clip(np.searchsorted(levels, batch), 0, len(levels) - 1)
-        return longest[i]
+        return _longest_at(found, batch)
 
     def dsv4_topk(self, inst: Instance, batch: np.ndarray, new: np.ndarray,
                   past: np.ndarray) -> Priced:
@@ -1254,11 +1254,7 @@ class Calibration:
             rows = df[(df.score_mode == TOPK_SCORES) & (df.latency > 0)]
             # the model's own runs (by its head count: V4-Flash 64, top-k 512; V4-Pro 128,
             # top-k 1024), else the nearest model's
-            heads, floor = m.num_attention_heads, 0
-            if not (rows.num_heads == heads).any():
-                have = rows.num_heads.unique()
-                heads, floor = have[np.argmin(np.abs(np.log(have / heads)))], EXTRAPOLATED
-            rows = rows[rows.num_heads == heads]
+            rows, floor = self._nearest(rows, {"num_heads": m.num_attention_heads})
             rows = rows[roof(rows.batch_size, rows.isl, rows.step) > 0]
             return rows.assign(end=rows.step + rows.isl), floor
 
@@ -1275,6 +1271,15 @@ class Calibration:
             return got
         codes = np.where(r > 0, got.point_codes(), 0)  # nothing to select: none measured
         return Priced(got.ms, SOURCES[int(codes.max())], got.table, codes)
+
+    def dsv4_selection(self, context: bool, inst: Instance, batch: np.ndarray,
+                       new: np.ndarray, past: np.ndarray) -> Priced:
+        """Each query row's top-k selection after one V4 CSA indexer's scoring: a prompt
+        chunk's rows (`dsv4_topk`) or a decode step's `batch` query rows (`dsv4_decode_topk`,
+        one new token a row)."""
+        if context:
+            return self.dsv4_topk(inst, batch, new, past)
+        return self.dsv4_decode_topk(inst, batch, past)
 
     def dsv4_decode_topk(self, inst: Instance, rows: np.ndarray, past: np.ndarray) -> Priced:
         """The top-k selection of a decode step's `rows` query rows after one DeepSeek-V4 CSA
@@ -1298,13 +1303,12 @@ class Calibration:
         edges = self._topk_decode_edges(inst)
         if edges is None:  # no table: the roofline's price stands
             return direct
-        levels, longest = edges
-        at = np.clip(np.searchsorted(levels, r), 0, len(levels) - 1)
-        inside = (p + 1 <= longest[at]) & (r <= levels[-1])
+        most = edges[0][-1]  # the most rows the table ran
+        inside = (p + 1 <= _longest_at(edges, r)) & (r <= most)
         if inside.all():
             return direct
-        measured = np.minimum(r, levels[-1])  # the most rows the table ran, then proportion
-        edge = longest[np.clip(np.searchsorted(levels, measured), 0, len(levels) - 1)] - 1
+        measured = np.minimum(r, most)  # then in proportion to the rows
+        edge = _longest_at(edges, measured) - 1
         k = len(r)  # one row here, the rows and one row at their edge: one query
         got = self.dsv4_topk(inst, np.concatenate([ones, measured, ones]),
                              np.concatenate([ones, ones, ones]),
@@ -1330,8 +1334,7 @@ class Calibration:
                 rows = df[(df.score_mode == TOPK_SCORES) & (df.latency > 0) & (df.isl == 1)]
                 if not len(rows):
                     return {}
-                heads = rows.num_heads.unique()
-                rows = rows[rows.num_heads == heads[np.argmin(np.abs(np.log(heads / want)))]]
+                rows, _ = self._nearest(rows, {"num_heads": want})
                 most = (rows.step + 1).groupby(rows.batch_size).max()
                 return {"levels": most.index.to_numpy(float), "longest": most.to_numpy(float)}
 

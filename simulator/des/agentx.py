@@ -102,7 +102,8 @@ def _trace(shape: AgentxShape, rng: np.random.Generator, name: str) -> SessionTr
             if agent.join_turn is not None:
                 gates[i + 1] = max(gates[i + 1], finish)
     root = Agent(turns=_turns(t, inputs, outs.tolist(), blocks, think, api))
-    return SessionTrace(name=name, block_tokens=shape.block_size, agents=(root, *agents))
+    return SessionTrace(name=name, block_tokens=shape.block_size, agents=(root, *agents),
+                        span=ids[0])
 
 
 def _spawns(shape: AgentxShape, rng: np.random.Generator, n: int) -> np.ndarray:

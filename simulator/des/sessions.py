@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Runs = tuple[tuple[int, int], ...]
 """A prompt's block ids as runs of consecutive ids: ((first id, count), ...)."""
@@ -98,6 +98,9 @@ class SessionTrace:
     name: str
     block_tokens: int
     agents: tuple[Agent, ...]
+    span: int | None = field(default=None, compare=False)
+    """One more than the largest block id, where the producer knows it (the generator and the
+    reader hand out the ids); None: taken from the turns' runs when first asked."""
 
     @property
     def requests(self) -> int:
@@ -114,7 +117,11 @@ class SessionTrace:
 
     @functools.cached_property
     def id_span(self) -> int:
-        """One more than the largest block id (a replay shifts ids by a multiple of this)."""
+        """One more than the largest block id (a replay shifts ids by a multiple of this): the
+        producer's `span`, else from the runs (every turn resends its history, so a corpus of
+        long traces holds millions of runs: seconds to go through)."""
+        if self.span is not None:
+            return self.span
         return max((s + n for a in self.agents for t in a.turns for s, n in t.blocks),
                    default=0)
 

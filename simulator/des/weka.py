@@ -203,11 +203,11 @@ class _Trace:
             raise self.fail("", f"is {type(obj).__name__}, not a trace object")
         self.block = self._block_size(obj.get("block_size", BLOCK_SIZE))
         self._agent(obj.get("requests"), "", -1, -1, "")
-        agents = self._finish()
+        agents, span = self._finish()
         name = obj.get("id")
         if not isinstance(name, str) or not name:
             name = f"{self.file.stem}-{self.position}"
-        return SessionTrace(name=name, block_tokens=self.block, agents=tuple(agents))
+        return SessionTrace(name=name, block_tokens=self.block, agents=tuple(agents), span=span)
 
     def _block_size(self, v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -310,8 +310,9 @@ class _Trace:
         self.top = max(self.top, int(arr.max()))
         return _runs(arr.astype(np.int64))
 
-    def _finish(self) -> list[Agent]:
-        """Fresh ids for turns without hash_ids, joins decided, Agents built."""
+    def _finish(self) -> tuple[list[Agent], int]:
+        """Fresh ids for turns without hash_ids, joins decided, Agents built; and one more than
+        the largest id (the trace's id span)."""
         fresh = self.top + 1
         turns: list[tuple[Turn, ...]] = []
         for raw in self.agents:
@@ -327,7 +328,7 @@ class _Trace:
         ends = self._ends(turns)
         return [Agent(turns=turns[i], parent=raw.parent, after_turn=raw.after_turn,
                       join_turn=self._join(i, raw, turns, ends) if i else None, kind=raw.kind)
-                for i, raw in enumerate(self.agents)]
+                for i, raw in enumerate(self.agents)], fresh
 
     def _ends(self, turns: list[tuple[Turn, ...]]) -> list[float]:
         """Each agent's recorded end, its subagents' included."""

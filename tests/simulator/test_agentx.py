@@ -56,6 +56,9 @@ def test_trees_are_well_formed(small: list[SessionTrace]) -> None:
         assert trace.block_tokens == 64
         for agent in trace.agents[1:]:
             assert agent.parent == 0 and agent.after_turn < len(trace.root.turns) - 1
+        # the id span the generator hands out is the one its runs reach
+        assert trace.span == max(s + n for a in trace.agents for t in a.turns
+                                 for s, n in t.blocks)
     assert sum(len(t.agents) - 1 for t in small) > 20
 
 

@@ -92,6 +92,7 @@ def test_missing_hash_ids_get_fresh_ids_above_the_trace_s(tmp_path: Path) -> Non
     blocks = [t.blocks for t in trace.root.turns]
     assert blocks == [((5, 2),), ((41, 3),), ((44, 1),)]
     assert trace.agents[1].turns[0].blocks == ((40, 1),)
+    assert trace.id_span == 45  # the reader's own count of the ids it handed out
     assert one(tmp_path, [req(0, 10, 1, [])]).root.turns[0].blocks == ()
 
 
@@ -168,6 +169,7 @@ def test_write_then_read_is_exact(tmp_path: Path) -> None:
     path.parent.mkdir()
     write_weka(traces, path)
     assert read_weka(path) == traces
+    assert [t.id_span for t in read_weka(path)] == [t.id_span for t in traces]
     assert [p.name for p in path.parent.iterdir()] == ["corpus.jsonl"]
 
 

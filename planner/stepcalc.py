@@ -47,6 +47,13 @@ def step_report(deployment_path: str | Path, role: str | None, batch: int, conte
                         f"{', '.join(res.roles)}")
     r = res.roles[role]
     inst = r.instance
+    window = inst.model.context_length
+    if window is not None and context + cached > window:
+        what = (f"--cached={cached:,} plus --context={context:,}" if cached
+                else f"--context={context:,}")
+        raise SpecError(f"{what} tokens exceed {inst.model.name}'s context of {window:,} tokens "
+                        "(max_position_embeddings and rope scaling, as vLLM takes it); give at "
+                        f"most {window:,}")
     busy = inst.dp if ranks_busy is None else ranks_busy
     if not 1 <= busy <= inst.dp:
         raise SpecError(f"--ranks-busy={ranks_busy} must be between 1 and the instance's "

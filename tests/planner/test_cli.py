@@ -174,6 +174,14 @@ def test_step_prices_a_prompt_chunk_after_a_cached_prefix(tmp_path, capsys):
                           "--role prefill")
     assert_one_line_error(run_cli("step", str(path), "--ranks-busy", "3"), "--ranks-busy=3",
                           "between 1 and")
+    # past the model's context window (V4-Flash: 1,048,576 tokens after its YaRN factor)
+    assert main(["step", str(path), "--batch", "1", "--context", "1048576", "--json"]) == 0
+    capsys.readouterr()
+    assert_one_line_error(run_cli("step", str(path), "--batch", "1", "--context", "1048577"),
+                          "--context=1,048,577", "context of 1,048,576")
+    assert_one_line_error(run_cli("step", str(path), "--role", "prefill", "--context", "8192",
+                                  "--cached", "1048000"),
+                          "--cached=1,048,000 plus --context=8,192", "give at most 1,048,576")
 
 
 def test_step_prices_the_deployments_only_role_when_none_is_named(tmp_path, capsys):

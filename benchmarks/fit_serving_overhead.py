@@ -8,7 +8,11 @@ engine and layer signature, the sorted attention kinds of the model's layers, wh
 at least MIN_SIGNATURE_ROWS rows); then a time per request the busiest rank runs in a step (the
 engine's CPU work per request: scheduling, inputs, sampling, output), the Theil-Sen slope of
 the TPOT residual against those requests over the fitting half's aggregated rows above 8 users
-(up to FIT_MAX_LOADED_CONCURRENCY); the API overhead is the
+(up to FIT_MAX_LOADED_CONCURRENCY), and apart from it on its P/D rows (their decode instances'
+busiest rank; their steps carry no prompts, where the aggregated rows' slope also stands for the
+prompt work of mixed steps): the median slope between every two rows of one deployment at
+different loads (P/D rows are few per engine and span deployments whose other errors differ);
+the API overhead is the
 median line (Theil-Sen: the median of the pairwise slopes, then the median intercept) of
 (measured - simulated) TTFT against the mean prompt length over aggregated rows with that step
 overhead: a fixed part and a part per 1,000 prompt tokens (the engine's), the fixed part also
@@ -19,7 +23,10 @@ above their fixed part, either sign); the P/D handoff is the median of that resi
 over P/D rows once all are in. All but the offsets are floored at 0. Writes
 simulator/calibration/data/serving_overhead.json (temp file, then rename).
 
-    .venv/bin/python benchmarks/fit_serving_overhead.py [--workers 2]
+    .venv/bin/python benchmarks/fit_serving_overhead.py [--workers 2] [--pd-per-request]
+
+--pd-per-request fits the P/D rows' time per request alone, with the shipped fit's other
+latencies, and updates that entry of the shipped file alone.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.calibration.serving import (
+    DISAGGREGATED,
     FIT_MAX_CONCURRENCY,
     FIT_MAX_LOADED_CONCURRENCY,
     HARDWARE_KEY,
@@ -123,11 +131,16 @@ def per_layer_steps(rows: pd.DataFrame, workers: int) -> PerLayer:
     return out, by_layers
 
 
+DECODING_ROLE = {"agg": "aggregated", "disagg": "decode"}
+"""Per row mode: the role whose steps a row's TPOT times."""
+
+
 def requests_per_rank(row: pd.Series) -> float:
-    """Requests the busiest rank of an aggregated row's instance runs at full load: the
-    concurrency over the instances' DP ranks (NaN for a row validate does not cover)."""
+    """Requests the busiest rank of the instances that decode a row's requests (aggregated, or
+    a P/D row's decode instances) runs at full load: the concurrency over their DP ranks (NaN
+    for a row validate does not cover)."""
     try:
-        role = case_from_row(row).deployment.roles["aggregated"]
+        role = case_from_row(row).deployment.roles[DECODING_ROLE[row["mode"]]]
     except SpecError:
         return float("nan")
     return float(row.concurrency) / ((role.dep or 1) * role.instances)
@@ -137,7 +150,7 @@ def per_request_steps(rows: pd.DataFrame, overheads: Overheads, workers: int,
                       layered: Layered) -> dict[str, tuple[float, int]]:
     """Per engine: the step overhead per running request of the busiest rank (ms, floored at
     0) and its rows: the Theil-Sen slope of the TPOT residual against the requests a rank runs,
-    over loaded aggregated rows (the fixed and per-layer parts already in)."""
+    over loaded rows of one mode (the fixed and per-layer parts already in)."""
     res = _residuals(rows, overheads, "tpot", workers, layered)
     running = rows.apply(requests_per_rank, axis=1).to_numpy(dtype=float)
     out = {}
@@ -147,6 +160,42 @@ def per_request_steps(rows: pd.DataFrame, overheads: Overheads, workers: int,
             _, slope = median_line(running[ok], res[ok])
             out[engine] = (max(0.0, slope), int(ok.sum()))
     return out
+
+
+DEPLOYMENT_COLUMNS = ("backend", "backend_version", "model_path", "system", "precision", "mode",
+                      "isl", "osl", "gemm_quant_mode", "moe_quant_mode", "tp_size", "pp_size",
+                      "attention_dp_size", "moe_tp_size", "moe_ep_size", "prefill_num_workers",
+                      "prefill_tp_size", "prefill_pp_size", "prefill_attention_dp_size",
+                      "prefill_moe_tp_size", "prefill_moe_ep_size", "decode_num_workers",
+                      "decode_tp_size", "decode_pp_size", "decode_attention_dp_size",
+                      "decode_moe_tp_size", "decode_moe_ep_size")
+"""What makes measured rows one deployment measured at several loads (their batch sizes and
+concurrency aside)."""
+
+
+def per_request_within(rows: pd.DataFrame, overheads: Overheads, workers: int,
+                       layered: Layered) -> dict[str, tuple[float, int]]:
+    """Per engine: the step overhead per running request of the busiest rank (ms, floored at
+    0) and the row pairs it is read from: the median, over every two rows of one deployment
+    (DEPLOYMENT_COLUMNS) at different loads of at most FIT_MAX_LOADED_CONCURRENCY requests a
+    rank, of the slope of the TPOT residual against the requests a rank runs. Pairs within a
+    deployment leave out what differs between deployments (a line through rows of several
+    would take their other errors for a time per request)."""
+    keys = np.array(["|".join(map(str, t))
+                     for t in rows[list(DEPLOYMENT_COLUMNS)].itertuples(index=False)])
+    res = _residuals(rows, overheads, "tpot", workers, layered)
+    running = rows.apply(requests_per_rank, axis=1).to_numpy(dtype=float)
+    ok = ~np.isnan(res) & (running <= FIT_MAX_LOADED_CONCURRENCY)  # NaN compares False
+    slopes: dict[str, list[float]] = {}
+    for key in np.unique(keys[ok]):
+        at = np.flatnonzero(ok & (keys == key))
+        engine = str(rows.backend.iloc[at[0]])
+        for i, a in enumerate(at):
+            for b in at[i + 1:]:
+                if running[a] != running[b]:
+                    slopes.setdefault(engine, []).append(
+                        (res[b] - res[a]) / (running[b] - running[a]))
+    return {e: (max(0.0, float(np.median(v))), len(v)) for e, v in sorted(slopes.items())}
 
 
 def prompt_ktokens(row: Mapping[str, Any]) -> float:
@@ -281,21 +330,74 @@ def layer_entries(steps: Mapping[str, tuple[float, int]],
     return dict(sorted(out.items()))
 
 
+def pd_entry(fit: tuple[float, int]) -> dict[str, Any]:
+    """An engine's DISAGGREGATED entry: the P/D rows' time per request and the row pairs it
+    is read from."""
+    return {"step_overhead_per_seq_ms": round(fit[0], 4), "pairs": fit[1]}
+
+
+def shipped_steps(table: Mapping[str, Any]) -> tuple[Overheads, Layered]:
+    """The step overheads of a fit as written (per engine, and per engine and layer
+    signature), without their time per request."""
+    engines = table.get("engines", {})
+    base: Overheads = {e: ServingOverhead(step_overhead_ms=0.0,
+                                          step_overhead_per_layer_ms=v["step_overhead_per_layer_ms"])
+                       for e, v in engines.items() if "step_overhead_per_layer_ms" in v}
+    layered = {(e, sig): k["step_overhead_per_layer_ms"] for e, v in engines.items()
+               for sig, k in v.get(LAYERS_KEY, {}).items() if "step_overhead_per_layer_ms" in k}
+    return base, layered
+
+
+def write(doc: Mapping[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=OUT.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, OUT)
+
+
+def refit_pd_per_request(pd_rows: pd.DataFrame, workers: int) -> None:
+    """--pd-per-request: the P/D rows' time per request on the shipped fit's other latencies,
+    written into the shipped file's DISAGGREGATED entries alone."""
+    doc = json.loads(OUT.read_text())
+    base, layered = shipped_steps(doc)
+    pd_seq = per_request_within(pd_rows, base, workers, layered)
+    for e, fit in pd_seq.items():
+        if e in doc["engines"]:
+            doc["engines"][e][DISAGGREGATED] = pd_entry(fit)
+    doc["command"] = ("benchmarks/fit_serving_overhead.py; the P/D rows' time per request: "
+                      "benchmarks/fit_serving_overhead.py --pd-per-request")
+    doc["rule"] = doc["rule"].split("; P/D rows")[0] + (
+        f"; P/D rows per request ({date.today()}): the median slope of the TPOT residual "
+        f"against the requests of the decode instances' busiest rank between every two of "
+        f"the fitting half's P/D rows of one deployment at different loads of at most "
+        f"{FIT_MAX_LOADED_CONCURRENCY} requests a rank")
+    write(doc)
+    print(json.dumps({e: pd_entry(f) for e, f in pd_seq.items()}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--pd-per-request", action="store_true",
+                        help="fit the P/D rows' time per request alone (module doc)")
     args = parser.parse_args()
     half = load_rows()
     half = half[half.id.map(in_fit_half)]
     rows = half[half.concurrency <= FIT_MAX_CONCURRENCY]
-    loaded = half[(half["mode"] == "agg") & (half.concurrency > FIT_MAX_CONCURRENCY)
+    loaded = half[(half.concurrency > FIT_MAX_CONCURRENCY)
                   & (half.concurrency <= FIT_MAX_LOADED_CONCURRENCY)]
+    pd_rows = half[half["mode"] == "disagg"]  # P/D loads spread over many decode ranks
+    if args.pd_per_request:
+        refit_pd_per_request(pd_rows, args.workers)
+        return
     tpot, by_layers = per_layer_steps(rows, args.workers)
     step = {e: v for e, (v, _) in tpot.items()}
     layered = {(e, sig): v for e, kinds in by_layers.items() for sig, (v, _) in kinds.items()}
     base: Overheads = {e: ServingOverhead(step_overhead_ms=0.0, step_overhead_per_layer_ms=v)
                        for e, v in step.items()}
-    per_seq = per_request_steps(loaded, base, args.workers, layered)
+    per_seq = per_request_steps(loaded[loaded["mode"] == "agg"], base, args.workers, layered)
+    pd_seq = per_request_within(pd_rows, base, args.workers, layered)
     base = {e: replace(o, step_overhead_per_seq_ms=per_seq.get(e, (0.0, 0))[0])
             for e, o in base.items()}
     agg = api_lines(rows[rows["mode"] == "agg"], base, args.workers, layered)
@@ -307,8 +409,11 @@ def main() -> None:
         for hw, (hw_fixed, _) in fit.on_hardware.items():
             api[e, hw] = replace(api[e], api_overhead_ms=hw_fixed)
     offsets = {(e, sig): v for e, fit in agg.items() for sig, (v, _) in fit.by_layers.items()}
-    pd_ = median_residuals(rows[rows["mode"] == "disagg"], api, "ttft", args.workers, layered,
-                           offsets)
+    pd_api = {k: replace(o, step_overhead_per_seq_ms=pd_seq[e][0])  # P/D rows' own slope
+              if (e := k if isinstance(k, str) else k[0]) in pd_seq else o
+              for k, o in api.items()}
+    pd_ = median_residuals(rows[rows["mode"] == "disagg"], pd_api, "ttft", args.workers,
+                           layered, offsets)
     engines = {}
     for e in sorted(set(agg) | set(pd_) | set(step)):
         fit = agg.get(e, NO_API_FIT)
@@ -321,6 +426,7 @@ def main() -> None:
                       HARDWARE_KEY: {hw: {"api_overhead_ms": round(v, 1), "rows": n}
                                      for hw, (v, n) in fit.on_hardware.items()},
                       "handoff_ms": round(pd_.get(e, (0.0, 0))[0], 1),
+                      **({DISAGGREGATED: pd_entry(pd_seq[e])} if e in pd_seq else {}),
                       "rows": {"tpot": tpot.get(e, (0, 0))[1],
                                "tpot_loaded": per_seq.get(e, (0.0, 0))[1], "agg": fit.rows,
                                "disagg": pd_.get(e, (0, 0))[1]}}
@@ -329,17 +435,16 @@ def main() -> None:
                    f"and per layer signature with >= {MIN_SIGNATURE_ROWS} rows; per request of "
                    f"the busiest rank: Theil-Sen slope of the TPOT residual against it on "
                    f"aggregated rows at {FIT_MAX_CONCURRENCY} < users <= "
-                   f"{FIT_MAX_LOADED_CONCURRENCY}; API: "
+                   f"{FIT_MAX_LOADED_CONCURRENCY}, and on P/D rows the median slope between "
+                   f"every two rows of one deployment at different loads (the requests those of "
+                   f"the decode instances' busiest rank, at most "
+                   f"{FIT_MAX_LOADED_CONCURRENCY}); API: "
                    f"Theil-Sen line of the TTFT residual in prompt length, the fixed part per "
                    f"hardware with >= {MIN_HARDWARE_ROWS} rows, an offset per layer signature "
                    f"with >= {MIN_SIGNATURE_API_ROWS} rows; fitting half, concurrency <= "
                    f"{FIT_MAX_CONCURRENCY}",
            "command": "benchmarks/fit_serving_overhead.py", "engines": engines}
-    fd, tmp = tempfile.mkstemp(dir=OUT.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, OUT)
+    write(doc)
     print(json.dumps(engines, indent=2))
 
 

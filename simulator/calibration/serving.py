@@ -72,14 +72,15 @@ def in_fit_half(row_id: str) -> bool:
 
 FIT_MAX_LOADED_CONCURRENCY = 512
 """The per-request step overhead is fitted on the fitting half's aggregated rows above
-FIT_MAX_CONCURRENCY users up to this many (the few rows beyond are mostly KV-bound queues)."""
+FIT_MAX_CONCURRENCY users up to this many (the few rows beyond are mostly KV-bound queues), and
+for P/D plans on its P/D rows up to this many requests a decode rank."""
 
 
 def used_by_fit(row_id: str, mode: str, concurrency: float) -> bool:
-    """Whether the shipped fit read a measured row: the fitting half's rows at up to
-    FIT_MAX_CONCURRENCY users, and its aggregated rows up to FIT_MAX_LOADED_CONCURRENCY."""
-    limit = FIT_MAX_LOADED_CONCURRENCY if mode == "agg" else FIT_MAX_CONCURRENCY
-    return in_fit_half(row_id) and concurrency <= limit
+    """Whether the shipped fit read a measured row: the fitting half's rows, aggregated ones at
+    up to FIT_MAX_LOADED_CONCURRENCY users (the loaded ones for the per-request step overhead),
+    P/D ones at any load (their users spread over many decode ranks)."""
+    return in_fit_half(row_id) and (mode == "disagg" or concurrency <= FIT_MAX_LOADED_CONCURRENCY)
 
 
 HARDWARE_KEY = "hardware"
@@ -120,18 +121,31 @@ CPU_PRESETS = ("cpu",)
 nothing of a CPU engine's steps, which `rackplan calibrate` and the closed loop measure."""
 
 
+DISAGGREGATED = "disaggregated"
+"""The key of an engine entry's sub-entry measured or fitted on P/D deployments: its latencies
+are preferred for P/D plans; what it leaves out comes from the entry. In a calibration folder
+(one's own engine): on a small host the decode engine's API server may share its core, so P/D
+steps cost more than aggregated ones. In the shipped fit: the per-request step overhead fitted
+on the P/D rows, whose decode steps carry no prompts (aggregated rows' slope also stands for
+prompt work that mixed steps do and the tables do not price; docs/accuracy.md)."""
+
+
 def serving_overhead(engine: str, disaggregated: bool, hardware: str | None = None,
                      layers: str | None = None) -> ServingOverhead:
     """The fitted overhead of an engine (zeros where nothing was fitted); with the fixed API
     overhead fitted on `hardware`'s own rows where there were enough (HARDWARE_KEY), and the
     per-layer step overhead and the fixed API overhead's offset fitted on models of the layer
-    signature `layers` where there were enough (LAYERS_KEY; the API overhead floored at 0); on a
-    CPU preset (CPU_PRESETS) without the fitted step parts."""
+    signature `layers` where there were enough (LAYERS_KEY; the API overhead floored at 0); for
+    a P/D plan (`disaggregated`) with the per-request step overhead of the P/D rows where the
+    fit has one (DISAGGREGATED); on a CPU preset (CPU_PRESETS) without the fitted step parts."""
     fitted = _table().get("engines", {}).get(engine, {})
     on = fitted.get(HARDWARE_KEY, {}).get(hardware, {}) if hardware else {}
     kind = fitted.get(LAYERS_KEY, {}).get(layers, {}) if layers else {}
     gpu = hardware not in CPU_PRESETS
     step = fitted.get("step_overhead_ms") if gpu else None
+    per_seq = fitted.get("step_overhead_per_seq_ms", 0.0)
+    if disaggregated:  # a P/D plan's steps: the slope its own rows give, where they gave one
+        per_seq = fitted.get(DISAGGREGATED, {}).get("step_overhead_per_seq_ms", per_seq)
     per_layer = kind.get("step_overhead_per_layer_ms",
                          fitted.get("step_overhead_per_layer_ms", 0.0))
     api = float(on.get("api_overhead_ms", fitted.get("api_overhead_ms", 0.0)))
@@ -140,8 +154,7 @@ def serving_overhead(engine: str, disaggregated: bool, hardware: str | None = No
         api_per_ktoken_ms=float(fitted.get("api_per_ktoken_ms", 0.0)),
         step_overhead_ms=None if step is None else float(step),
         step_overhead_per_layer_ms=float(per_layer) if gpu else 0.0,
-        step_overhead_per_seq_ms=float(fitted.get("step_overhead_per_seq_ms", 0.0))
-        if gpu else 0.0,
+        step_overhead_per_seq_ms=float(per_seq) if gpu else 0.0,
         handoff_ms=float(fitted.get("handoff_ms", 0.0)) if disaggregated else 0.0)
 
 
@@ -163,10 +176,6 @@ calibration they are preferred to the shipped fit for the hardware and engine th
 USER_FORMAT = 1
 FIELDS = ("api_overhead_ms", "step_overhead_ms", "handoff_ms", "step_overhead_per_seq_ms",
           "api_serial_ms", "api_per_ktoken_ms", "step_overhead_per_layer_ms")
-DISAGGREGATED = "disaggregated"
-"""The key of an engine entry's sub-entry measured on a P/D deployment: its latencies are
-preferred for P/D plans (on a small host the decode engine's API server may share its core, so
-P/D steps cost more than aggregated ones); what it leaves out comes from the entry."""
 
 
 def _user_entry(folder: Path, hardware: str, engine: str) -> dict[str, Any] | None:

@@ -103,3 +103,30 @@ def test_a_dep_row_runs_its_users_over_its_dp_ranks():
     tp = rows[rows.id == "minimaxm2_5_b200_vllm_fp8_agg_1024x1024_c64_cfg634"]
     assert fit.requests_per_rank(dep.iloc[0]) == 16.0  # DEP4: 64 users on 4 ranks
     assert fit.requests_per_rank(tp.iloc[0]) == 64.0
+
+
+def test_the_pd_time_per_request_is_read_within_each_deployment(monkeypatch):
+    """P/D rows: the slope between every two rows of one deployment at different loads, so
+    that what differs between deployments (another model's or system's error) is not taken for
+    a time per request; rows past FIT_MAX_LOADED_CONCURRENCY requests a rank are left out."""
+    import pandas as pd
+
+    layout = {c: "x" for c in fit.DEPLOYMENT_COLUMNS if c not in ("backend", "system")}
+    rows = pd.DataFrame([{**layout, "backend": "vllm", "system": s, "concurrency": c}
+                         for s, c in [("a", 8), ("a", 64), ("a", 4096), ("b", 32), ("b", 128)]]
+                        + [{**layout, "backend": "sglang", "system": "a", "concurrency": c}
+                           for c in (16, 48)])
+    running = rows.concurrency.astype(float)
+    # deployment a falls 0.01 ms a request from +2; b sits 6 ms higher and rises 0.002;
+    # a line through all of them would read a positive slope off the step between a and b
+    residuals = np.where(rows.system == "a", 2.0 - 0.01 * running, 8.0 + 0.002 * running)
+    residuals[rows.backend == "sglang"] = [1.0, 1.8]
+    residuals[2] = 500.0  # 4,096 requests a rank: past the loads the fit reads
+    monkeypatch.setattr(fit, "_residuals", lambda some, *a, **k: residuals[some.index])
+    monkeypatch.setattr(fit, "requests_per_rank", lambda row: float(row.concurrency))
+    got = fit.per_request_within(rows, {}, workers=1, layered={})
+    assert got["vllm"] == (pytest.approx(0.0), 2)  # median of -0.01 and +0.002 is < 0: floored
+    assert got["sglang"] == (pytest.approx(0.025), 1)
+    pooled = fit.per_request_steps(rows[rows.backend == "vllm"].drop(index=2),
+                                   {}, workers=1, layered={})
+    assert pooled["vllm"][0] > 0  # the line through both deployments

@@ -359,14 +359,32 @@ def test_the_shipped_step_overhead_per_request_applies_on_gpus_only(monkeypatch)
     assert serving_overhead("sglang", False, "b200").step_overhead_per_seq_ms == 0.0
 
 
-def test_the_fit_reads_the_fitting_half_s_loaded_aggregated_rows_too():
+def test_the_fit_reads_the_fitting_half_s_loaded_rows_too():
     from simulator.calibration.serving import in_fit_half, used_by_fit
 
     row = next(f"row-{i}" for i in range(100) if in_fit_half(f"row-{i}"))
     other = next(f"row-{i}" for i in range(100) if not in_fit_half(f"row-{i}"))
     assert used_by_fit(row, "agg", 8) and used_by_fit(row, "agg", 512)
-    assert not used_by_fit(row, "agg", 1024) and not used_by_fit(row, "disagg", 64)
-    assert used_by_fit(row, "disagg", 4) and not used_by_fit(other, "agg", 4)
+    assert used_by_fit(row, "disagg", 4) and used_by_fit(row, "disagg", 8192)
+    assert not used_by_fit(row, "agg", 1024)
+    assert not used_by_fit(other, "agg", 4) and not used_by_fit(other, "disagg", 64)
+
+
+def test_a_pd_plan_takes_the_per_request_step_overhead_of_the_pd_rows(monkeypatch):
+    """Where the fit has a slope of its own for P/D rows, a P/D plan's instances take it and an
+    aggregated plan keeps the aggregated rows'; an engine without one keeps the aggregated
+    slope for both."""
+    import simulator.calibration.serving as serving
+
+    table = {"engines": {
+        "vllm": {"step_overhead_per_seq_ms": 0.028,
+                 serving.DISAGGREGATED: {"step_overhead_per_seq_ms": 0.0, "pairs": 9}},
+        "sglang": {"step_overhead_per_seq_ms": 0.024}}}
+    monkeypatch.setattr(serving, "_table", lambda: table)
+    assert serving_overhead("vllm", False, "gb300").step_overhead_per_seq_ms == 0.028
+    assert serving_overhead("vllm", True, "gb300").step_overhead_per_seq_ms == 0.0
+    assert serving_overhead("sglang", True, "gb300").step_overhead_per_seq_ms == 0.024
+    assert serving_overhead("vllm", True, "cpu").step_overhead_per_seq_ms == 0.0
 
 
 def test_a_cpu_preset_keeps_the_cost_model_s_step_overhead(monkeypatch):

@@ -192,7 +192,8 @@ def cmd_step(args: argparse.Namespace) -> int:
     from planner.stepcalc import step_report
 
     check_range("--batch", args.batch, 1, MAX_NUM_SEQS, "vLLM's max_num_seqs at most")
-    check_range("--context", args.context, 1, MAX_CONTEXT_TOKENS, "the longest context")
+    if args.context is not None:
+        check_range("--context", args.context, 1, MAX_CONTEXT_TOKENS, "the longest context")
     check_range("--cached", args.cached, 0, MAX_CONTEXT_TOKENS, "the longest context")
     check_range("--ranks-busy", args.ranks_busy, 1, MAX_GPUS, "the largest cluster")
     report = step_report(args.deployment, args.role, args.batch, args.context, args.cached,
@@ -203,7 +204,7 @@ def cmd_step(args: argparse.Namespace) -> int:
     c = _console()
     c.print(f"[bold]{report['model']}[/] on {report['hardware']} ({report['engine']}), "
             f"{report['role']} instance {report['layout']}: {args.batch} requests per rank, "
-            f"context {args.context}")
+            f"context {report['context']}")
     t = Table(title=f"step time {report['total_ms']:.3f} ms "
                     f"({report['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU)")
     t.add_column("part")
@@ -675,9 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "deployment's aggregated or prefill role)")
     p.add_argument("--batch", type=int, default=128,
                    help="requests per rank in the step (default 128)")
-    p.add_argument("--context", type=int, default=4096,
+    p.add_argument("--context", type=int, default=None,
                    help="decode: KV length per request; prefill: prompt tokens per request "
-                        "(default 4096)")
+                        "(default 4096, or the model's whole context when shorter)")
     p.add_argument("--cached", type=int, default=0,
                    help="prefill: tokens of each request already in the prefix cache before its "
                         "prompt chunk (default 0)")

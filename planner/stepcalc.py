@@ -17,20 +17,26 @@ DEFAULT_ROLES = ("decode", "aggregated", "prefill")
 """The role `rackplan step` prices when none is named: the first of these the deployment has."""
 
 
-def step_report(deployment_path: str | Path, role: str | None, batch: int, context: int,
+STEP_CONTEXT = 4096
+"""The context `rackplan step` prices when none is given (the model's whole context when that is
+shorter)."""
+
+
+def step_report(deployment_path: str | Path, role: str | None, batch: int, context: int | None,
                 cached: int = 0, ranks_busy: int | None = None) -> dict[str, Any]:
     """Step time, breakdown and provenance for `batch` requests per rank at `context` tokens.
 
     Decode and aggregated roles: each request generates one token over `context` cached tokens.
     Prefill: each request prefills `context` prompt tokens in one chunk after `cached` tokens
-    already in the prefix cache. `ranks_busy`: only that many ranks get the batch (the others
-    step along idle, as DP ranks do in lock-step). The fixed per-step
+    already in the prefix cache; `context` None: STEP_CONTEXT, or as much of the model's context
+    as `cached` leaves when that is less. `ranks_busy`: only that many ranks get the batch
+    (the others step along idle, as DP ranks do in lock-step). The fixed per-step
     overhead is the one measured in the active calibration folder when it holds one, else the
     cost model's default for the hardware kind.
     """
     if batch < 1:
         raise SpecError(f"--batch={batch} must be >= 1")
-    if context < 1:
+    if context is not None and context < 1:
         raise SpecError(f"--context={context} must be >= 1")
     if cached < 0:
         raise SpecError(f"--cached={cached} must be >= 0")
@@ -48,6 +54,8 @@ def step_report(deployment_path: str | Path, role: str | None, batch: int, conte
     r = res.roles[role]
     inst = r.instance
     window = inst.model.context_length
+    if context is None:  # the default, within the model's context after what is cached
+        context = max(1, min(STEP_CONTEXT, (window or STEP_CONTEXT) - cached))
     if window is not None and context + cached > window:
         what = (f"--cached={cached:,} plus --context={context:,}" if cached
                 else f"--context={context:,}")

@@ -53,6 +53,22 @@ def test_step_for_every_model_on_every_gpu(model, hw, tmp_path, capsys):
         assert out["provenance"]
 
 
+def test_step_s_default_context_stays_within_the_model_s(tmp_path, capsys):
+    """4,096 tokens unless the model's context is shorter (tiny-moe: 2,048), less what is
+    cached; a context given past it is refused (test_step_prices_a_prompt_chunk_...)."""
+    path = write(tmp_path, {"model": "tiny-moe", "hardware": "h100",
+                            "prefill": {"dep": 1}, "decode": {"dep": 1}})
+    assert main(["step", str(path), "--batch", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["context"] == 2048
+    assert main(["step", str(path), "--role", "prefill", "--batch", "1", "--cached", "1500",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["context"] == 548
+    path = write(tmp_path, {"model": "deepseek-v3", "hardware": "h200",
+                            "prefill": {"dep": 8}, "decode": {"dep": 8}}, "v3.yaml")
+    assert main(["step", str(path), "--batch", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["context"] == 4096
+
+
 def test_models_and_hardware_list_every_preset(capsys):
     assert main(["models", "--json"]) == 0
     names = [m["name"] for m in json.loads(capsys.readouterr().out)["models"]]

@@ -186,16 +186,17 @@ def per_request_within(rows: pd.DataFrame, overheads: Overheads, workers: int,
     res = _residuals(rows, overheads, "tpot", workers, layered)
     running = rows.apply(requests_per_rank, axis=1).to_numpy(dtype=float)
     ok = ~np.isnan(res) & (running <= FIT_MAX_LOADED_CONCURRENCY)  # NaN compares False
-    slopes: dict[str, list[float]] = {}
+    slopes: dict[str, list[np.ndarray]] = {}
     for key in np.unique(keys[ok]):
         at = np.flatnonzero(ok & (keys == key))
-        engine = str(rows.backend.iloc[at[0]])
-        for i, a in enumerate(at):
-            for b in at[i + 1:]:
-                if running[a] != running[b]:
-                    slopes.setdefault(engine, []).append(
-                        (res[b] - res[a]) / (running[b] - running[a]))
-    return {e: (max(0.0, float(np.median(v))), len(v)) for e, v in sorted(slopes.items())}
+        slopes.setdefault(str(rows.backend.iloc[at[0]]), []).append(
+            pair_slopes(running[at], res[at]))
+    out = {}
+    for engine, parts in sorted(slopes.items()):
+        every = np.concatenate(parts)
+        if len(every):
+            out[engine] = (max(0.0, float(np.median(every))), len(every))
+    return out
 
 
 def prompt_ktokens(row: Mapping[str, Any]) -> float:
@@ -204,14 +205,20 @@ def prompt_ktokens(row: Mapping[str, Any]) -> float:
     return (lengths["low"] + lengths["high"]) / 2 / 1e3
 
 
+def pair_slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The slopes between every two points of different x."""
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    apart = dx != 0
+    return np.asarray((y[j] - y[i])[apart] / dx[apart], dtype=float)
+
+
 def median_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Theil-Sen: (intercept, slope) with the slope the median of the slopes between every two
     points of different x, the intercept the median of y - slope * x; slope 0 when all x are
     equal. Robust to the rows a stray measurement puts far off the line."""
-    i, j = np.triu_indices(len(x), 1)
-    dx = x[j] - x[i]
-    apart = dx != 0
-    slope = float(np.median((y[j] - y[i])[apart] / dx[apart])) if apart.any() else 0.0
+    slopes = pair_slopes(x, y)
+    slope = float(np.median(slopes)) if len(slopes) else 0.0
     return float(np.median(y - slope * x)), slope
 
 
@@ -409,9 +416,11 @@ def main() -> None:
         for hw, (hw_fixed, _) in fit.on_hardware.items():
             api[e, hw] = replace(api[e], api_overhead_ms=hw_fixed)
     offsets = {(e, sig): v for e, fit in agg.items() for sig, (v, _) in fit.by_layers.items()}
-    pd_api = {k: replace(o, step_overhead_per_seq_ms=pd_seq[e][0])  # P/D rows' own slope
-              if (e := k if isinstance(k, str) else k[0]) in pd_seq else o
-              for k, o in api.items()}
+    pd_api = dict(api)  # the P/D rows' own time per request for the P/D handoff's pass
+    for k, o in api.items():
+        engine = k if isinstance(k, str) else k[0]
+        if engine in pd_seq:
+            pd_api[k] = replace(o, step_overhead_per_seq_ms=pd_seq[engine][0])
     pd_ = median_residuals(rows[rows["mode"] == "disagg"], pd_api, "ttft", args.workers,
                            layered, offsets)
     engines = {}

@@ -97,6 +97,11 @@ only: bf16, the slower, prices an fp8 dispatch there). A smaller dtype's time is
 from a larger one's: the measured kernels are far from their bytes (NVFP4 dispatch 10 % faster
 than bf16 at 3.6 x fewer bytes, B200, 8K tokens)."""
 
+ONE_SIDED_PAYLOAD = {"dispatch": 0.5 + 1 / 16, "combine": 2.0}
+"""Bytes per hidden element the NVLink one-sided kernels carried where TensorRT-LLM measured
+them (`trtllm_alltoall_perf`, moe_dtype nvfp4): a dispatch of NVFP4 activations (half a byte
+each and one fp8 scale per 16), a combine of bf16 expert outputs."""
+
 TOPK_SCORES = "v1_top_last"
 """The rows of SGLang's kernel-level top-k table (`dsv4_csa_topk_calib`) that price the
 selection after V4's indexer. Its collector times the top-k transform twice a shape: over
@@ -1529,7 +1534,6 @@ class Calibration:
         metadata exchange, `alltoall_prepare`, plus the payload's) or a combine, in the
         phase's dtype as the cost model sends it (A2A_DTYPES), fastest kernel per point. The
         same kernels serve both modes (`low_latency` is `_wide_a2a`'s, unused here)."""
-        scaleup = self.hardware.scaleup_gb_s
         elem = 1.0 if phase == "dispatch" else 2.0
         keys = ["kernel_source", "moe_dtype", "num_tokens", "moe_ep_size", "hidden_size",
                 "topk", "num_experts"]
@@ -1545,21 +1549,68 @@ class Calibration:
             return self._nearest(rows, {"hidden_size": hidden, "topk": topk,
                                         "num_experts": experts})
 
+        return self._nvlink_grid(("a2a_nvlink", hidden, topk, experts, phase), select, elem,
+                                 lambda other: other._nvlink_a2a(hidden, topk, experts, phase))
+
+    def _nvlink_grid(self, key: tuple[Any, ...],
+                     select: Callable[[pd.DataFrame], tuple[pd.DataFrame, int]], elem: float,
+                     again: Callable[[Calibration], tuple[Grid, int, str] | None]
+                     ) -> tuple[Grid, int, str] | None:
+        """A grid over (tokens per rank, EP size) of the `trtllm_alltoall_perf` rows `select`
+        keeps, on the roofline of `elem` bytes per hidden element sent to every other rank;
+        where the system ships none, its fabric sibling's (`again` on the sibling's
+        calibration) at its efficiency on this roofline, flagged extrapolated."""
+        scaleup = self.hardware.scaleup_gb_s
+
         def roof(r: pd.DataFrame) -> np.ndarray:
             sent = (r.num_tokens.to_numpy(float) * r.topk.to_numpy(float)
                     * r.hidden_size.to_numpy(float) * elem)
             n = r.moe_ep_size.to_numpy(float)
             return rf.transfer(sent * (n - 1) / n, scaleup)
 
-        got = self._grid(("a2a_nvlink", hidden, topk, experts, phase), "a2a_nvlink", select,
-                         ["num_tokens", "moe_ep_size"], roof)
+        got = self._grid(key, "a2a_nvlink", select, ["num_tokens", "moe_ep_size"], roof)
         sibling = FABRIC_SIBLINGS.get(self.hardware.name)
         if got is None and sibling is not None:
-            other = load_calibration(load_hardware(sibling), self.engine, None, self.user_dir)
-            got = other._nvlink_a2a(hidden, topk, experts, phase)
-            if got is not None:  # the sibling's measurement: its efficiency on this roofline
+            got = again(load_calibration(load_hardware(sibling), self.engine, None,
+                                         self.user_dir))
+            if got is not None:
                 got = (got[0], max(got[1], EXTRAPOLATED), got[2])
         return got
+
+    def nvlink_one_sided(self, tokens: np.ndarray | float, hidden: int, topk: int,
+                         experts: int, ep: int, phase: str, payload: float,
+                         gb_s: float) -> Priced:
+        """MoE dispatch or combine of `tokens` per rank over the NVLink one-sided kernels
+        (vLLM --all2all-backend flashinfer_nvlink_one_sided: FlashInfer's port of TensorRT-LLM's
+        NVLinkOneSided all-to-all), `payload` bytes per hidden element sent (the dispatch's
+        quantized activations and their scales; a combine returns bf16). Priced from
+        TensorRT-LLM's measurement of the same kernel (`trtllm_alltoall_perf`, NVLinkOneSided,
+        NVFP4 payload) on the query's bytes: another payload is a dtype transfer (flagged
+        extrapolated); a system without the measurement (nor a fabric sibling's) gets the
+        roofline."""
+        t = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1.0)
+        if ep <= 1:
+            return Priced(np.zeros_like(t), "measured", "none (single rank)")
+        measured = ONE_SIDED_PAYLOAD[phase]
+        grid = self._one_sided_grid(hidden, topk, experts, phase)
+        if grid is not None and payload != measured:
+            grid = (grid[0], max(grid[1], EXTRAPOLATED), grid[2])
+        roof = rf.transfer(t * topk * hidden * payload * (ep - 1) / ep, gb_s)
+        pts = np.stack([t, np.full_like(t, ep)], axis=1)
+        return self._price(grid, pts, roof, 0.5)
+
+    def _one_sided_grid(self, hidden: int, topk: int, experts: int,
+                        phase: str) -> tuple[Grid, int, str] | None:
+        """The NVLinkOneSided rows of `trtllm_alltoall_perf` for one phase: a grid over (tokens
+        per rank, EP size) on the roofline of the bytes they carried (ONE_SIDED_PAYLOAD)."""
+        def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+            rows = df[(df.kernel_source == "NVLinkOneSided") & (df.op_name == f"alltoall_{phase}")]
+            return self._nearest(rows, {"hidden_size": hidden, "topk": topk,
+                                        "num_experts": experts})
+
+        return self._nvlink_grid(("a2a_one_sided", hidden, topk, experts, phase), select,
+                                 ONE_SIDED_PAYLOAD[phase],
+                                 lambda other: other._one_sided_grid(hidden, topk, experts, phase))
 
     def _wide_a2a(self, hidden: int, topk: int, experts: int, phase: str,
                   low_latency: bool) -> tuple[Grid, int, str] | None:

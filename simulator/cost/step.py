@@ -100,7 +100,8 @@ class Instance:
     """Per-GPU all-to-all bandwidth inside the instance (from the topology); 0: scale-up."""
     all2all: str = "deepep_low_latency"
     """MoE token exchange between DP ranks (vLLM --all2all-backend): deepep_low_latency,
-    deepep_high_throughput, or an NCCL all-gather + reduce-scatter for the others."""
+    deepep_high_throughput, flashinfer_nvlink_one_sided (TOKEN_EXCHANGES), or an NCCL
+    all-gather + reduce-scatter for the others."""
     overhead_ms: float | None = None
     """Fixed per-step overhead; None: the default for the hardware kind."""
     overhead_per_layer_ms: float = 0.0
@@ -913,16 +914,46 @@ def _charge_parts(led: _Ledger, category: str, prefix: str, total: float) -> Non
     led.ms[category] += total
 
 
+def _deepep(inst: Instance, cal: Calibration, sent: float, phase: str) -> Priced:
+    m = inst.model
+    return cal.all_to_all(sent, m.hidden, m.top_k, m.n_routed_experts, inst.ep, phase,
+                          inst.all2all == "deepep_low_latency", inst.a2a_bandwidth)
+
+
+DISPATCH_PAYLOAD = {"fp4": 0.5 + 1 / 16, "fp8": 1.0 + 4 / 128}
+"""Bytes per hidden element vLLM's NVLink one-sided dispatch sends, by the experts' dtype
+(`flashinfer_one_sided_dispatch_layout`, fused_moe/all2all_utils.py): NVFP4 activations with
+an fp8 scale per 16, fp8 with an fp32 scale per 128 (DeepSeek's block scales); bf16 (2) for
+the others. Its combine returns bf16."""
+
+
+def _one_sided(inst: Instance, cal: Calibration, sent: float, phase: str) -> Priced:
+    m = inst.model
+    payload = (DISPATCH_PAYLOAD.get(m.expert_weights(inst.weights), 2.0)
+               if phase == "dispatch" else 2.0)
+    return cal.nvlink_one_sided(sent, m.hidden, m.top_k, m.n_routed_experts, inst.ep, phase,
+                                payload, inst.a2a_bandwidth)
+
+
+TOKEN_EXCHANGES: dict[str, Callable[[Instance, Calibration, float, str], Priced]] = {
+    "deepep_low_latency": _deepep,
+    "deepep_high_throughput": _deepep,
+    "flashinfer_nvlink_one_sided": _one_sided,
+}
+"""All2all backends that send each rank's tokens only to the ranks their experts live on, and
+how their dispatch / combine of one MoE layer is priced; every other backend all-gathers the
+tokens and reduce-scatters the outputs (NCCL)."""
+
+
 def _token_exchange(inst: Instance, cal: Calibration, tokens: np.ndarray, moe_layers: int,
                     led: _Ledger) -> None:
     """Dispatch to and combine from the expert ranks, per the instance's all2all backend."""
     m, ep = inst.model, inst.ep
-    if inst.all2all.startswith("deepep"):
-        low_latency = inst.all2all == "deepep_low_latency"
+    exchange = TOKEN_EXCHANGES.get(inst.all2all)
+    if exchange is not None:
         sent = tokens.max() / inst.attn_tp  # a TP group's ranks each send a share of its tokens
         for phase in ("dispatch", "combine"):
-            a2a = cal.all_to_all(sent, m.hidden, m.top_k, m.n_routed_experts, ep,
-                                 phase, low_latency, inst.a2a_bandwidth)
+            a2a = exchange(inst, cal, sent, phase)
             led.add("communication", f"all_to_all.{phase}", a2a,
                     moe_layers * float(a2a.ms.max()))
         return

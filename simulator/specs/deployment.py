@@ -30,6 +30,7 @@ All2AllBackend = Literal[
     "deepep_low_latency",
     "allgather_reducescatter",
     "flashinfer_all2allv",
+    "flashinfer_nvlink_one_sided",
 ]
 
 DEFAULT_BACKEND: dict[str, All2AllBackend] = {

@@ -1,5 +1,7 @@
 """The step-cost model: pure, monotone, and honest about what it sums."""
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -126,6 +128,34 @@ def test_token_exchange_follows_the_all2all_backend(cal):
     assert deepep.provenance["all_to_all.dispatch"] != nccl.provenance["all_to_all.dispatch"]
     assert "nccl" in nccl.provenance["all_to_all.dispatch"]
     assert nccl.breakdown["communication"] > 0
+
+
+def test_nvlink_one_sided_exchange_is_priced_from_its_measured_kernel():
+    """vLLM's flashinfer_nvlink_one_sided on GB200: TensorRT-LLM's measurement of the same
+    NVLink one-sided kernel, NVFP4 payload for fp4 experts (as measured); an fp8 payload is a
+    dtype transfer on its own bytes; experts see only the tokens routed to the rank."""
+    m, hw = load_model("deepseek-r1"), load_hardware("gb200")
+    cal = load_calibration(hw, "vllm")
+
+    def prefill(weights: str, all2all: str) -> Any:
+        inst = Instance(m, hw, "prefill", 4, True, weights=weights, all2all=all2all)
+        return step_time(inst, Batch.prefill(4, 8192), cal)
+
+    one = prefill("fp4", "flashinfer_nvlink_one_sided")
+    src = one.provenance["all_to_all.dispatch"]
+    assert "gb200/comm/trtllm" in src and not src.startswith("extrapolated")
+    deepep = prefill("fp4", "deepep_high_throughput")
+    assert one.breakdown["communication"] < deepep.breakdown["communication"]
+    fp8 = prefill("fp8", "flashinfer_nvlink_one_sided")
+    assert fp8.provenance["all_to_all.dispatch"].startswith("extrapolated")
+    assert fp8.parts["all_to_all.dispatch"] > one.parts["all_to_all.dispatch"]  # ~1.8x bytes
+    assert fp8.parts["all_to_all.combine"] == pytest.approx(one.parts["all_to_all.combine"])
+    gathered = prefill("fp4", "allgather_reducescatter")
+    assert one.parts["routed_experts"] == pytest.approx(gathered.parts["routed_experts"])
+    h200 = load_calibration(load_hardware("h200"), "vllm")
+    off = step_time(Instance(m, load_hardware("h200"), "prefill", 8, True,
+                             all2all="flashinfer_nvlink_one_sided"), Batch.prefill(8, 8192), h200)
+    assert off.provenance["all_to_all.dispatch"].startswith("roofline")
 
 
 def test_wide_ep_prices_experts_from_the_deepep_table(cal):

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.calibration.serving import ServingOverhead, fitted_overhead, used_by_fit
-from simulator.specs.deployment import Deployment, RoleSpec
+from simulator.specs.deployment import All2AllBackend, Deployment, RoleSpec
 from simulator.specs.errors import SpecError
 from simulator.specs.model import load_model
 from simulator.specs.routing import RouterPolicy
@@ -64,13 +64,15 @@ def silicon_path() -> Path:
 
 
 def load_rows() -> pd.DataFrame:
-    """The measured rows, with their concurrency and the day they were measured (empty where
-    not recorded) parsed out of the source note."""
+    """The measured rows, with their concurrency, the day they were measured (empty where
+    not recorded) and their InferenceX config id (NaN where none) parsed out of the source
+    note."""
     df = pd.read_csv(silicon_path())
     note = df.silicon_data_source.astype(str)
     conc = note.str.extract(r"silicon_concurrency=(\d+)")[0].astype(float)
     df["concurrency"] = conc.fillna(df.batch_size)
     df["measured_day"] = note.str.extract(r"measured=(\d{4}-\d\d-\d\d)")[0].fillna("")
+    df["config_id"] = note.str.extract(r"config_id=(\d+)")[0].astype(float)
     return df
 
 
@@ -362,14 +364,70 @@ def kv_cache_dtype(row: pd.Series, weights: str) -> str:
     return "fp8"
 
 
+class PdRecipe(NamedTuple):
+    """What a P/D run's recipe set for one role beyond, or against, the row's columns."""
+
+    attention_dp: bool = False
+    """The role ran attention DP over its GPUs (DEP) where the row records one TP group."""
+    batched_tokens: int | None = None
+    """Prompt tokens a step computes at most, per rank (--max-num-batched-tokens)."""
+    max_num_seqs: int | None = None
+    """Requests a rank runs at once (--max-num-seqs), where it binds below the row's load."""
+    all2all: All2AllBackend | None = None
+    """The DP ranks' MoE token exchange (--all2all-backend)."""
+
+
+KIMI_PD_RUN = "db-dump/2026-04-27"
+NVLINK: All2AllBackend = "flashinfer_nvlink_one_sided"
+PD_RECIPES: dict[tuple[str, int, int, str], PdRecipe] = {
+    # 1P1D DEP4 + DEP16, 1K/1K (`recipes/vllm/kimi-k2.5/1k1k/disagg-gb200-1p1d-dep4-dep16.yaml`)
+    (KIMI_PD_RUN, 697, 1024, "prefill"): PdRecipe(True, 16384, all2all=NVLINK),
+    (KIMI_PD_RUN, 697, 1024, "decode"): PdRecipe(True, all2all=NVLINK),
+    # 1P4D DEP4 + TEP4 (`.../1k1k/disagg-gb200-1p4d-dep4-tep4.yaml` and its 8k1k sibling, whose
+    # decode workers run 16 requests at most)
+    (KIMI_PD_RUN, 698, 1024, "prefill"): PdRecipe(True, 16384, all2all=NVLINK),
+    (KIMI_PD_RUN, 698, 8192, "prefill"): PdRecipe(True, 16384, all2all=NVLINK),
+    (KIMI_PD_RUN, 698, 8192, "decode"): PdRecipe(max_num_seqs=16),
+}
+"""P/D runs whose recipe the row's columns do not tell: (database dump, InferenceX config id,
+ISL, role) -> what its recipe set. vLLM's Kimi-K2.5 P/D rows on GB200 (measured 2026-04-07,
+InferenceX #1008: `kimik2.5-fp4-gb200-dynamo-vllm` in .github/configs/nvidia-master.yaml, the
+recipes of NVIDIA/srt-slurm's branch sa-submission-q2-2026) record every role as tp_size 4 or
+16 with attention_dp_size 1, while the configuration sets `dp-attn: true` on every prefill and
+on the 1P1D run's decode, and the recipes run them as `--tensor-parallel-size 1
+--data-parallel-size N --enable-expert-parallel` with 16,384 prompt tokens a rank (no chunked
+prefill) and every DEP role exchanging tokens over the NVLink one-sided kernels
+(`--all2all-backend flashinfer_nvlink_one_sided`); the 1P4D run's decode is TP4 with experts
+spread (TEP4), as recorded."""
+
+
+def pd_recipe(row: pd.Series, role: str) -> PdRecipe | None:
+    """The recipe of a P/D row's role where PD_RECIPES knows its run."""
+    note = str(row.silicon_data_source)
+    config = _num(row.get("config_id"), -1)
+    return PD_RECIPES.get((note.split(";")[0], int(config), int(row.isl), role))
+
+
 def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurrency: float,
               moe: bool, drafts: bool = False) -> RoleSpec:
     """One role's layout from its columns (`prefix` is "", "prefill_" or "decode_")."""
-    role = _role(name, row.backend, row[f"{prefix}tp_size"], row[f"{prefix}attention_dp_size"],
-                 row[f"{prefix}moe_tp_size"], row[f"{prefix}moe_ep_size"], instances,
-                 concurrency, float(row.isl), moe,
+    tp, dp = row[f"{prefix}tp_size"], row[f"{prefix}attention_dp_size"]
+    pd_run = pd_recipe(row, name) if name != "aggregated" else None
+    if pd_run is not None and pd_run.attention_dp and _num(dp, 1) <= 1:
+        tp, dp = 1, tp
+    role = _role(name, row.backend, tp, dp, row[f"{prefix}moe_tp_size"],
+                 row[f"{prefix}moe_ep_size"], instances, concurrency, float(row.isl), moe,
                  recv_interval(row.backend, row.system, name, concurrency, row.model_path),
                  drafts)
+    if pd_run is not None:
+        update: dict[str, Any] = {}
+        if pd_run.batched_tokens is not None:
+            update["max_num_batched_tokens"] = pd_run.batched_tokens
+        if pd_run.max_num_seqs is not None:
+            update["max_num_seqs"] = min(role.max_num_seqs, pd_run.max_num_seqs)
+        if pd_run.all2all is not None:
+            update["all2all_backend"] = pd_run.all2all
+        role = role.model_copy(update=update)
     return _recipe(row, role) if name == "aggregated" else role
 
 
@@ -466,7 +524,7 @@ def case_from_row(row: pd.Series) -> Case:
         base["aggregated"] = _row_role(row, "", "aggregated", agg_workers(row), conc,
                                        model.is_moe, measured_with_mtp(row, model.mtp_layers))
     else:
-        base["prefill"] = _row_role(row, "prefill_", "prefill", row.prefill_num_workers, 1,
+        base["prefill"] = _row_role(row, "prefill_", "prefill", row.prefill_num_workers, conc,
                                     model.is_moe)
         base["decode"] = _row_role(row, "decode_", "decode", row.decode_num_workers, conc,
                                    model.is_moe)

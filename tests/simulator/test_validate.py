@@ -137,6 +137,39 @@ def test_disaggregated_row_has_both_roles(rows):
     assert case.deployment.prefill.instances == int(row.prefill_num_workers)
 
 
+def test_a_pd_rows_prefill_batches_every_client_prompt_its_token_budget_holds(rows):
+    """P/D prefill workers run many prompts a step (vLLM's recipes --max-num-seqs 64-4096,
+    SGLang's --max-running-requests 30000, TensorRT-LLM's max_batch_size 4-32): the token
+    budget binds, not one prompt a step."""
+    row = rows[(rows["mode"] == "disagg") & (rows.backend == "trtllm") & (rows.isl == 1024)
+               & (rows.prefill_attention_dp_size == 4) & (rows.prefill_num_workers == 1)
+               & (rows.concurrency >= 512)].iloc[0]
+    prefill = case_from_row(row).deployment.prefill
+    assert prefill is not None and prefill.dep == 4
+    assert prefill.max_num_seqs == math.ceil(row.concurrency / 4)
+    assert prefill.max_num_batched_tokens == 8192
+
+
+def test_vllm_kimi_pd_rows_run_the_layout_their_recipes_set(rows):
+    """The file records vLLM's Kimi-K2.5 GB200 P/D run as TP groups; InferenceX ran its
+    prefill as DEP4 with 16,384 tokens a rank, the 1P1D decode as DEP16, the 1P4D decode as
+    TEP4 (16 requests a worker at 8K/1K)."""
+    kimi = rows[(rows.backend == "vllm") & (rows["mode"] == "disagg")
+                & (rows.model_path == "moonshotai/Kimi-K2.5")]
+    one = case_from_row(kimi[kimi.id.str.endswith("1024x1024_c512_cfg697")].iloc[0]).deployment
+    assert one.prefill is not None and (one.prefill.dep, one.prefill.tp) == (4, None)
+    assert one.prefill.max_num_batched_tokens == 16384
+    assert one.decode is not None and (one.decode.dep, one.decode.max_num_seqs) == (16, 32)
+    assert {one.prefill.all2all_backend, one.decode.all2all_backend} == {
+        "flashinfer_nvlink_one_sided"}
+    four = case_from_row(kimi[kimi.id.str.endswith("8192x1024_c128_cfg698")].iloc[0]).deployment
+    assert four.prefill is not None and four.prefill.dep == 4
+    assert four.decode is not None and four.decode.dep is None
+    assert (four.decode.tp, four.decode.instances, four.decode.max_num_seqs) == (4, 4, 16)
+    low = case_from_row(kimi[kimi.id.str.endswith("8192x1024_c16_cfg698")].iloc[0]).deployment
+    assert low.decode is not None and low.decode.max_num_seqs == 4
+
+
 def test_unmodelled_model_is_not_covered_with_a_reason(rows):
     row = rows[rows.model_path == "Qwen/Qwen3.5-397B-A17B"].iloc[0].copy()
     case_from_row(row)  # Qwen3.5's linear-attention layers are described

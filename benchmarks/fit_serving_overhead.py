@@ -23,10 +23,11 @@ above their fixed part, either sign); the P/D handoff is the median of that resi
 over P/D rows once all are in. All but the offsets are floored at 0. Writes
 simulator/calibration/data/serving_overhead.json (temp file, then rename).
 
-    .venv/bin/python benchmarks/fit_serving_overhead.py [--workers 2] [--pd-per-request]
+    .venv/bin/python benchmarks/fit_serving_overhead.py [--workers 2] [--pd]
 
---pd-per-request fits the P/D rows' time per request alone, with the shipped fit's other
-latencies, and updates that entry of the shipped file alone.
+--pd fits the P/D rows' time per request and handoff alone, on the shipped fit's other
+latencies, and updates those entries of the shipped file alone (--pd-per-request, its older
+name, does the same).
 """
 
 from __future__ import annotations
@@ -363,31 +364,69 @@ def write(doc: Mapping[str, Any]) -> None:
     os.replace(tmp, OUT)
 
 
-def refit_pd_per_request(pd_rows: pd.DataFrame, workers: int) -> None:
-    """--pd-per-request: the P/D rows' time per request on the shipped fit's other latencies,
-    written into the shipped file's DISAGGREGATED entries alone."""
+def shipped_api(table: Mapping[str, Any]) -> tuple[Overheads, Layered]:
+    """The aggregated fit as written: per engine (and engine and hardware preset where it has
+    its own fixed API part) its step and API latencies, and the API offsets per layer
+    signature."""
+    base, _ = shipped_steps(table)
+    engines = table.get("engines", {})
+    api: Overheads = {}
+    for e, v in engines.items():
+        api[e] = replace(base.get(e, ServingOverhead()),
+                         step_overhead_per_seq_ms=v.get("step_overhead_per_seq_ms", 0.0),
+                         api_overhead_ms=v.get("api_overhead_ms", 0.0),
+                         api_per_ktoken_ms=v.get("api_per_ktoken_ms", 0.0))
+        for hw, k in v.get(HARDWARE_KEY, {}).items():
+            api[e, hw] = replace(api[e], api_overhead_ms=k["api_overhead_ms"])
+    offsets = {(e, sig): k["api_offset_ms"] for e, v in engines.items()
+               for sig, k in v.get(LAYERS_KEY, {}).items() if "api_offset_ms" in k}
+    return api, offsets
+
+
+def with_pd_per_request(api: Overheads,
+                        pd_seq: Mapping[str, tuple[float, int]]) -> Overheads:
+    """`api` with each engine's P/D time per request where the P/D rows gave one."""
+    out = dict(api)
+    for k, o in api.items():
+        engine = k if isinstance(k, str) else k[0]
+        if engine in pd_seq:
+            out[k] = replace(o, step_overhead_per_seq_ms=pd_seq[engine][0])
+    return out
+
+
+def refit_pd(pd_rows: pd.DataFrame, workers: int) -> None:
+    """--pd: the P/D rows' time per request and handoff on the shipped fit's other latencies,
+    written into the shipped file's DISAGGREGATED entries and handoffs alone."""
     doc = json.loads(OUT.read_text())
     base, layered = shipped_steps(doc)
     pd_seq = per_request_within(pd_rows, base, workers, layered)
-    for e, fit in pd_seq.items():
-        if e in doc["engines"]:
-            doc["engines"][e][DISAGGREGATED] = pd_entry(fit)
-    doc["command"] = ("benchmarks/fit_serving_overhead.py; the P/D rows' time per request: "
-                      "benchmarks/fit_serving_overhead.py --pd-per-request")
+    api, offsets = shipped_api(doc)
+    pd_ = median_residuals(pd_rows[pd_rows.concurrency <= FIT_MAX_CONCURRENCY],
+                           with_pd_per_request(api, pd_seq), "ttft", workers, layered, offsets)
+    for e, entry in doc["engines"].items():
+        if e in pd_seq:
+            entry[DISAGGREGATED] = pd_entry(pd_seq[e])
+        entry["handoff_ms"] = round(pd_.get(e, (0.0, 0))[0], 1)
+        entry["rows"]["disagg"] = pd_.get(e, (0, 0))[1]
+    doc["command"] = ("benchmarks/fit_serving_overhead.py; the P/D rows' time per request and "
+                      "handoff: benchmarks/fit_serving_overhead.py --pd")
     doc["rule"] = doc["rule"].split("; P/D rows")[0] + (
-        f"; P/D rows per request ({date.today()}): the median slope of the TPOT residual "
+        f"; P/D rows ({date.today()}): per request, the median slope of the TPOT residual "
         f"against the requests of the decode instances' busiest rank between every two of "
         f"the fitting half's P/D rows of one deployment at different loads of at most "
-        f"{FIT_MAX_LOADED_CONCURRENCY} requests a rank")
+        f"{FIT_MAX_LOADED_CONCURRENCY} requests a rank; the handoff, the median TTFT residual "
+        f"of those at concurrency <= {FIT_MAX_CONCURRENCY} with that time per request")
     write(doc)
-    print(json.dumps({e: pd_entry(f) for e, f in pd_seq.items()}, indent=2))
+    print(json.dumps({e: {**pd_entry(pd_seq[e]), "handoff_ms": round(pd_[e][0], 1)}
+                      if e in pd_seq and e in pd_ else {} for e in doc["engines"]}, indent=2))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--pd-per-request", action="store_true",
-                        help="fit the P/D rows' time per request alone (module doc)")
+    parser.add_argument("--pd", "--pd-per-request", dest="pd", action="store_true",
+                        help="fit the P/D rows' time per request and handoff alone (module "
+                             "doc)")
     args = parser.parse_args()
     half = load_rows()
     half = half[half.id.map(in_fit_half)]
@@ -395,8 +434,8 @@ def main() -> None:
     loaded = half[(half.concurrency > FIT_MAX_CONCURRENCY)
                   & (half.concurrency <= FIT_MAX_LOADED_CONCURRENCY)]
     pd_rows = half[half["mode"] == "disagg"]  # P/D loads spread over many decode ranks
-    if args.pd_per_request:
-        refit_pd_per_request(pd_rows, args.workers)
+    if args.pd:
+        refit_pd(pd_rows, args.workers)
         return
     tpot, by_layers = per_layer_steps(rows, args.workers)
     step = {e: v for e, (v, _) in tpot.items()}
@@ -416,13 +455,8 @@ def main() -> None:
         for hw, (hw_fixed, _) in fit.on_hardware.items():
             api[e, hw] = replace(api[e], api_overhead_ms=hw_fixed)
     offsets = {(e, sig): v for e, fit in agg.items() for sig, (v, _) in fit.by_layers.items()}
-    pd_api = dict(api)  # the P/D rows' own time per request for the P/D handoff's pass
-    for k, o in api.items():
-        engine = k if isinstance(k, str) else k[0]
-        if engine in pd_seq:
-            pd_api[k] = replace(o, step_overhead_per_seq_ms=pd_seq[engine][0])
-    pd_ = median_residuals(rows[rows["mode"] == "disagg"], pd_api, "ttft", args.workers,
-                           layered, offsets)
+    pd_ = median_residuals(rows[rows["mode"] == "disagg"], with_pd_per_request(api, pd_seq),
+                           "ttft", args.workers, layered, offsets)
     engines = {}
     for e in sorted(set(agg) | set(pd_) | set(step)):
         fit = agg.get(e, NO_API_FIT)

@@ -130,3 +130,25 @@ def test_the_pd_time_per_request_is_read_within_each_deployment(monkeypatch):
     pooled = fit.per_request_steps(rows[rows.backend == "vllm"].drop(index=2),
                                    {}, workers=1, layered={})
     assert pooled["vllm"][0] > 0  # the line through both deployments
+
+
+def test_the_pd_refit_reads_the_shipped_api_fit_as_the_full_fit_built_it():
+    """`--pd` refits the handoff on the shipped aggregated fit: each engine's latencies, the
+    fixed API part of a hardware preset that has its own, the API offset of a layer signature,
+    and the P/D rows' own time per request in place of the aggregated one."""
+    doc = {"engines": {"vllm": {
+        "step_overhead_ms": 0.0, "step_overhead_per_layer_ms": 0.02,
+        "step_overhead_per_seq_ms": 0.0279, "api_overhead_ms": 100.0, "api_per_ktoken_ms": 9.7,
+        "layers": {"mla": {"step_overhead_per_layer_ms": 0.03, "rows": 9, "api_offset_ms": -20.0,
+                           "api_rows": 11}},
+        "hardware": {"gb200": {"api_overhead_ms": 140.0, "rows": 12}}}}}
+    api, offsets = fit.shipped_api(doc)
+    assert api["vllm"].api_overhead_ms == 100.0 and api["vllm"].api_per_ktoken_ms == 9.7
+    assert api["vllm"].step_overhead_per_layer_ms == 0.02
+    assert api["vllm", "gb200"].api_overhead_ms == 140.0
+    assert api["vllm", "gb200"].api_per_ktoken_ms == 9.7
+    assert offsets == {("vllm", "mla"): -20.0}
+    pd_api = fit.with_pd_per_request(api, {"vllm": (0.0, 1)})
+    assert pd_api["vllm"].step_overhead_per_seq_ms == 0.0
+    assert pd_api["vllm", "gb200"].step_overhead_per_seq_ms == 0.0
+    assert api["vllm"].step_overhead_per_seq_ms == 0.0279  # the aggregated fit is left as it was

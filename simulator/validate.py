@@ -377,17 +377,22 @@ class PdRecipe(NamedTuple):
     """The DP ranks' MoE token exchange (--all2all-backend)."""
 
 
-KIMI_PD_RUN = "db-dump/2026-04-27"
+DUMP = "db-dump/2026-04-27"
 NVLINK: All2AllBackend = "flashinfer_nvlink_one_sided"
 PD_RECIPES: dict[tuple[str, int, int, str], PdRecipe] = {
     # 1P1D DEP4 + DEP16, 1K/1K (`recipes/vllm/kimi-k2.5/1k1k/disagg-gb200-1p1d-dep4-dep16.yaml`)
-    (KIMI_PD_RUN, 697, 1024, "prefill"): PdRecipe(True, 16384, all2all=NVLINK),
-    (KIMI_PD_RUN, 697, 1024, "decode"): PdRecipe(True, all2all=NVLINK),
+    (DUMP, 697, 1024, "prefill"): PdRecipe(True, 16384, all2all=NVLINK),
+    (DUMP, 697, 1024, "decode"): PdRecipe(True, all2all=NVLINK),
     # 1P4D DEP4 + TEP4 (`.../1k1k/disagg-gb200-1p4d-dep4-tep4.yaml` and its 8k1k sibling, whose
     # decode workers run 16 requests at most)
-    (KIMI_PD_RUN, 698, 1024, "prefill"): PdRecipe(True, 16384, all2all=NVLINK),
-    (KIMI_PD_RUN, 698, 8192, "prefill"): PdRecipe(True, 16384, all2all=NVLINK),
-    (KIMI_PD_RUN, 698, 8192, "decode"): PdRecipe(max_num_seqs=16),
+    (DUMP, 698, 1024, "prefill"): PdRecipe(True, 16384, all2all=NVLINK),
+    (DUMP, 698, 8192, "prefill"): PdRecipe(True, 16384, all2all=NVLINK),
+    (DUMP, 698, 8192, "decode"): PdRecipe(max_num_seqs=16),
+    # TensorRT-LLM's DeepSeek-R1 fp4 runs on GB200 of 2025-12-19: context servers of 4 prompts
+    # and 4,608 tokens at 1K/1K, 1 prompt and 8,448 tokens at 8K/1K
+    (DUMP, 237, 1024, "prefill"): PdRecipe(batched_tokens=4608, max_num_seqs=4),
+    (DUMP, 229, 8192, "prefill"): PdRecipe(batched_tokens=8448, max_num_seqs=1),
+    (DUMP, 250, 8192, "prefill"): PdRecipe(batched_tokens=8448, max_num_seqs=1),
 }
 """P/D runs whose recipe the row's columns do not tell: (database dump, InferenceX config id,
 ISL, role) -> what its recipe set. vLLM's Kimi-K2.5 P/D rows on GB200 (measured 2026-04-07,
@@ -398,7 +403,10 @@ on the 1P1D run's decode, and the recipes run them as `--tensor-parallel-size 1
 --data-parallel-size N --enable-expert-parallel` with 16,384 prompt tokens a rank (no chunked
 prefill) and every DEP role exchanging tokens over the NVLink one-sided kernels
 (`--all2all-backend flashinfer_nvlink_one_sided`); the 1P4D run's decode is TP4 with experts
-spread (TEP4), as recorded."""
+spread (TEP4), as recorded. TensorRT-LLM's DeepSeek-R1 fp4 P/D runs on GB200 of 2025-12-19
+(`dsr1-fp4-gb200-dynamo-trt` in the same file as it stood then) pass every context server
+PREFILL_MAX_BATCH_SIZE and PREFILL_MAX_NUM_TOKENS: 4 and 4,608 at 1K/1K, 1 and 8,448 at 8K/1K,
+where the general rule would batch the row's users up to 8,192 tokens."""
 
 
 def pd_recipe(row: pd.Series, role: str) -> PdRecipe | None:

@@ -153,7 +153,8 @@ def test_a_pd_rows_prefill_batches_every_client_prompt_its_token_budget_holds(ro
 def test_vllm_kimi_pd_rows_run_the_layout_their_recipes_set(rows):
     """The file records vLLM's Kimi-K2.5 GB200 P/D run as TP groups; InferenceX ran its
     prefill as DEP4 with 16,384 tokens a rank, the 1P1D decode as DEP16, the 1P4D decode as
-    TEP4 (16 requests a worker at 8K/1K)."""
+    TEP4 (16 requests a worker at 8K/1K); TensorRT-LLM's context servers of 2025-12 took 4
+    prompts and 4,608 tokens at 1K/1K."""
     kimi = rows[(rows.backend == "vllm") & (rows["mode"] == "disagg")
                 & (rows.model_path == "moonshotai/Kimi-K2.5")]
     one = case_from_row(kimi[kimi.id.str.endswith("1024x1024_c512_cfg697")].iloc[0]).deployment
@@ -168,6 +169,9 @@ def test_vllm_kimi_pd_rows_run_the_layout_their_recipes_set(rows):
     assert (four.decode.tp, four.decode.instances, four.decode.max_num_seqs) == (4, 4, 16)
     low = case_from_row(kimi[kimi.id.str.endswith("8192x1024_c16_cfg698")].iloc[0]).deployment
     assert low.decode is not None and low.decode.max_num_seqs == 4
+    trt = rows[rows.id == "dsr1_gb200_trtllm_fp4_disagg_1024x1024_c564_cfg237"].iloc[0]
+    ctx = case_from_row(trt).deployment.prefill
+    assert ctx is not None and (ctx.max_num_seqs, ctx.max_num_batched_tokens) == (4, 4608)
 
 
 def test_unmodelled_model_is_not_covered_with_a_reason(rows):

@@ -107,6 +107,14 @@ class SearchSpace:
         }
 
 
+ONE_SIDED_SYSTEMS = ("gb200", "gb300")
+"""Systems whose NVLink domain spans the rack (MNNVL) and where vLLM's NVLink one-sided
+all-to-all (`flashinfer_nvlink_one_sided`, the backend InferenceX's vLLM recipes there run)
+is priced from a measurement: GB200's `trtllm_alltoall_perf`, and GB300 on GB200's fabric. The
+search tries it beside the others on decode and aggregated instances, except where MegaMoE's
+fused exchange runs."""
+
+
 def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
                 precision: Precision | None = None, **choices: Any) -> SearchSpace:
     """The space for `model` on at most `gpus` GPUs of `hardware`; `choices` override the other
@@ -146,6 +154,8 @@ def build_space(model: str, hardware: str, gpus: int, *, engine: str = "vllm",
     if "all2all" not in choices and uses_mega_moe(spec.architecture, hardware,
                                                   RoleSpec(dep=8), precision.weights):
         choices["all2all"] = (None, *SearchSpace.all2all)
+    elif "all2all" not in choices and engine == "vllm" and hardware in ONE_SIDED_SYSTEMS:
+        choices["all2all"] = (*SearchSpace.all2all, "flashinfer_nvlink_one_sided")
     layouts = choices.get("layouts", LAYOUTS)
     bad = [x for x in layouts if x not in LAYOUTS]
     if bad or not layouts:

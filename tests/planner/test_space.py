@@ -357,3 +357,16 @@ def test_the_decode_batch_limit_moves_down_to_the_first_choice_that_binds():
     assert limits({**point, "decode_max_num_seqs": 16}, running=20.0) == [8, 32]  # binds
     assert limits(point, running=4.0) == [8, 256]  # below every choice: the smallest
     assert limits(point, running=26.0) == [32, 256]
+
+
+def test_vllm_on_an_nvl72_rack_also_tries_the_nvlink_one_sided_exchange():
+    """vLLM's recipes on GB200 / GB300 exchange tokens over the NVLink one-sided kernels,
+    which the cost model prices there from a measurement: the search tries them; not on
+    H200, and not where MegaMoE's fused exchange runs (V4 with fp4 experts on Blackwell)."""
+    gb = build_space("deepseek-r1", "gb200", 32)
+    assert "flashinfer_nvlink_one_sided" in gb.all2all
+    assert "flashinfer_nvlink_one_sided" not in build_space("deepseek-r1", "h200", 32).all2all
+    assert "flashinfer_nvlink_one_sided" not in build_space(
+        "deepseek-v4.1-flash", "gb300", 72).all2all
+    chosen = build_space("deepseek-r1", "gb200", 32, all2all=("deepep_low_latency",))
+    assert chosen.all2all == ("deepep_low_latency",)

@@ -97,10 +97,16 @@ only: bf16, the slower, prices an fp8 dispatch there). A smaller dtype's time is
 from a larger one's: the measured kernels are far from their bytes (NVFP4 dispatch 10 % faster
 than bf16 at 3.6 x fewer bytes, B200, 8K tokens)."""
 
-ONE_SIDED_PAYLOAD = {"dispatch": 0.5 + 1 / 16, "combine": 2.0}
+ONE_SIDED_DISPATCH = {"fp4": 0.5 + 1 / 16, "fp8": 1.0 + 4 / 128}
+"""Bytes per hidden element vLLM's NVLink one-sided dispatch sends, by the experts' dtype
+(`flashinfer_one_sided_dispatch_layout`, fused_moe/all2all_utils.py): NVFP4 activations with
+an fp8 scale per 16, fp8 with an fp32 scale per 128 (DeepSeek's block scales); bf16 (2) for
+the others. Its combine returns bf16 (2)."""
+
+ONE_SIDED_PAYLOAD = {"dispatch": ONE_SIDED_DISPATCH["fp4"], "combine": 2.0}
 """Bytes per hidden element the NVLink one-sided kernels carried where TensorRT-LLM measured
-them (`trtllm_alltoall_perf`, moe_dtype nvfp4): a dispatch of NVFP4 activations (half a byte
-each and one fp8 scale per 16), a combine of bf16 expert outputs."""
+them (`trtllm_alltoall_perf`, moe_dtype nvfp4): a dispatch of NVFP4 activations, a combine of
+bf16 expert outputs."""
 
 TOPK_SCORES = "v1_top_last"
 """The rows of SGLang's kernel-level top-k table (`dsv4_csa_topk_calib`) that price the
@@ -1578,12 +1584,12 @@ class Calibration:
         return got
 
     def nvlink_one_sided(self, tokens: np.ndarray | float, hidden: int, topk: int,
-                         experts: int, ep: int, phase: str, payload: float,
+                         experts: int, ep: int, phase: str, expert_dtype: str,
                          gb_s: float) -> Priced:
         """MoE dispatch or combine of `tokens` per rank over the NVLink one-sided kernels
         (vLLM --all2all-backend flashinfer_nvlink_one_sided: FlashInfer's port of TensorRT-LLM's
-        NVLinkOneSided all-to-all), `payload` bytes per hidden element sent (the dispatch's
-        quantized activations and their scales; a combine returns bf16). Priced from
+        NVLinkOneSided all-to-all) for experts in `expert_dtype`, whose dispatch payload
+        follows it (ONE_SIDED_DISPATCH; a combine returns bf16). Priced from
         TensorRT-LLM's measurement of the same kernel (`trtllm_alltoall_perf`, NVLinkOneSided,
         NVFP4 payload) on the query's bytes: another payload is a dtype transfer (flagged
         extrapolated); a system without the measurement (nor a fabric sibling's) gets the
@@ -1592,6 +1598,7 @@ class Calibration:
         if ep <= 1:
             return Priced(np.zeros_like(t), "measured", "none (single rank)")
         measured = ONE_SIDED_PAYLOAD[phase]
+        payload = ONE_SIDED_DISPATCH.get(expert_dtype, 2.0) if phase == "dispatch" else measured
         grid = self._one_sided_grid(hidden, topk, experts, phase)
         if grid is not None and payload != measured:
             grid = (grid[0], max(grid[1], EXTRAPOLATED), grid[2])

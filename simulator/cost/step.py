@@ -920,19 +920,10 @@ def _deepep(inst: Instance, cal: Calibration, sent: float, phase: str) -> Priced
                           inst.all2all == "deepep_low_latency", inst.a2a_bandwidth)
 
 
-DISPATCH_PAYLOAD = {"fp4": 0.5 + 1 / 16, "fp8": 1.0 + 4 / 128}
-"""Bytes per hidden element vLLM's NVLink one-sided dispatch sends, by the experts' dtype
-(`flashinfer_one_sided_dispatch_layout`, fused_moe/all2all_utils.py): NVFP4 activations with
-an fp8 scale per 16, fp8 with an fp32 scale per 128 (DeepSeek's block scales); bf16 (2) for
-the others. Its combine returns bf16."""
-
-
 def _one_sided(inst: Instance, cal: Calibration, sent: float, phase: str) -> Priced:
     m = inst.model
-    payload = (DISPATCH_PAYLOAD.get(m.expert_weights(inst.weights), 2.0)
-               if phase == "dispatch" else 2.0)
     return cal.nvlink_one_sided(sent, m.hidden, m.top_k, m.n_routed_experts, inst.ep, phase,
-                                payload, inst.a2a_bandwidth)
+                                m.expert_weights(inst.weights), inst.a2a_bandwidth)
 
 
 TOKEN_EXCHANGES: dict[str, Callable[[Instance, Calibration, float, str], Priced]] = {

@@ -238,6 +238,10 @@ def records(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
 NEAR_MISSES = 2
 """Near misses whose neighbours a refinement's repair round tries (the best by the objective
 first): each brings up to twice the knobs' count of trials."""
+WALK = 2
+"""Steps of a refinement's pattern move simulated together (`Loop._walk`): two, so that the
+two workers of a 2-core machine take two steps in the wall time of one; a walk that overshoots
+costs one simulation the next round would mostly have run anyway."""
 
 
 def near_misses(simulated: list[dict[str, Any]], best: int, objective: str,
@@ -426,22 +430,13 @@ class Loop:
         near misses (`near_misses`: simulated plans that beat the best on the objective but
         miss an SLO), one more knob away from the best, which reach a better plan that needs
         two knobs moved together (a larger prefill step that brings the TTFT a smaller DP size
-        cost back under its SLO, say). The rounds stop once a round and its repair find
-        nothing better or nothing new."""
+        cost back under its SLO, say). A round or repair that finds a better plan one knob away
+        from where it started is walked on in that knob's direction (`_walk`) before the next
+        round. The rounds stop once a round and its repair find nothing better or nothing
+        new."""
         from planner.space import adjacent_points
 
         space = self.config.space
-
-        def unseen(points: list[dict[str, Any]], have: set[str]) -> list[dict[str, Any]]:
-            todo = []
-            for params in points:
-                key = _key(dump_deployment(deployment_from_params(space, params)),
-                           params.get("load"))
-                if key not in have:
-                    have.add(key)
-                    todo.append(params)
-            return todo
-
         attrs = {"fixed": True, "refine": True}
         for _ in range(self.config.refine):
             self._sync()
@@ -449,23 +444,79 @@ class Loop:
             if start is None or self._capped:
                 return
             have = set(self.history.simulated)
-            todo = unseen(adjacent_points(space, self.history.params[start],
-                                          self._running(start)), have)
+            todo = self._unseen(adjacent_points(space, self.history.params[start],
+                                                self._running(start)), have)
             if todo:
                 self._run_enqueued(todo, attrs, progress, pool)
                 self._sync()
-                if self._best() != start:
+                if (best := self._best()) != start:
+                    if best is not None:
+                        self._walk(start, best, attrs, progress, pool)
                     continue
             misses = near_misses(list(self.history.simulated.values()), start,
                                  self.config.objective, NEAR_MISSES)
-            repair = unseen([p for n in misses for p in adjacent_points(
-                space, self.history.params[n], self._running(n))], have)
+            repair: list[dict[str, Any]] = []
+            origin: dict[str, int] = {}  # a repair point's key -> the near miss it moves from
+            for n in misses:
+                for p in self._unseen(adjacent_points(space, self.history.params[n],
+                                                      self._running(n)), have):
+                    repair.append(p)
+                    origin[self._point_key(p)] = n
             if not repair:
                 return
             self._run_enqueued(repair, {**attrs, "repair": True}, progress, pool)
             self._sync()
-            if self._best() == start:
+            if (best := self._best()) == start:
                 return
+            came = None if best is None else origin.get(self.history.key_of.get(best, ""))
+            if came is not None and best is not None:
+                self._walk(came, best, attrs, progress, pool)
+
+    def _walk(self, origin: int, best: int, attrs: dict[str, Any], progress: Progress | None,
+              pool: LazyPool | None) -> None:
+        """Pattern moves after a refinement round: while the one-knob move from trial `origin`
+        to the best plan `best` keeps paying, take it again from the new best (`continued`),
+        `WALK` steps at a time (simulated together, so two workers take two steps in the wall
+        time of one), without a round of every neighbour at each step. A straight descent (one
+        prefill instance fewer at a time, say) costs a simulation or two a step instead of a
+        round of all the neighbours, and no refinement round. It stops at the first batch
+        that finds nothing better, a move of several knobs (a twin asked again), a knob's end,
+        or a point simulated before; the next round explores around where it stopped."""
+        from planner.space import continued
+
+        space = self.config.space
+        have = set(self.history.simulated)
+        before, after = self.history.params[origin], self.history.params[best]
+        while True:
+            steps: list[dict[str, Any]] = []
+            a, b, running = before, after, self._running(best)
+            while len(steps) < WALK and (step := continued(space, a, b, running)) is not None:
+                steps.append(step)
+                a, b, running = b, step, None
+            if not steps or self._point_key(steps[0]) in have:
+                return
+            todo = self._unseen(steps, have)
+            self._run_enqueued(todo, {**attrs, "walk": True}, progress, pool)
+            self._sync()
+            now = self._best()
+            if now is None or now == best:
+                return
+            before, after, best = self.history.params[best], self.history.params[now], now
+
+    def _point_key(self, params: dict[str, Any]) -> str:
+        """The point key (`_key`) of trial params."""
+        return _key(dump_deployment(deployment_from_params(self.config.space, params)),
+                    params.get("load"))
+
+    def _unseen(self, points: list[dict[str, Any]], have: set[str]) -> list[dict[str, Any]]:
+        """`points` whose keys are not in `have` (added to it as they are taken), first of
+        each key."""
+        todo = []
+        for params in points:
+            if (key := self._point_key(params)) not in have:
+                have.add(key)
+                todo.append(params)
+        return todo
 
     def _running(self, number: int) -> float | None:
         """The requests a decode rank of trial `number`'s point holds, as its screen estimated

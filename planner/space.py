@@ -388,6 +388,55 @@ def adjacent_points(space: SearchSpace, params: Mapping[str, Any],
     return distinct
 
 
+Move = tuple[str, int]
+"""A one-knob move: the knob (a role's DEP, instance count, redundant experts, or a limit, as
+`knobs` names it) and its way, +1 up or -1 down."""
+
+
+def knobs(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's knobs as deployed (`as_deployed`), a role's instance count and redundant
+    experts named without the DEP they belong to (`prefill_instances`), so that two points of
+    different DEP sizes compare knob by knob."""
+    out = {}
+    for name, value in as_deployed(space, params).items():
+        role, _, rest = name.partition("_")
+        for kind in ("instances", "redundant"):
+            if rest.startswith(f"{kind}_dep"):
+                name = f"{role}_{kind}"
+        out[name] = value
+    return out
+
+
+def moved(space: SearchSpace, before: Mapping[str, Any],
+          after: Mapping[str, Any]) -> Move | None:
+    """The one ordered knob `before` -> `after` moved, and which way; None where several
+    knobs moved, none did, or the knob has no order (the all-to-all backend, overlap). A DEP
+    move carries its instances and redundant experts along (`adjacent_points`) and counts as a
+    move of the DEP alone."""
+    a, b = knobs(space, before), knobs(space, after)
+    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    deps = [k for k in changed if k.endswith("_dep")]
+    if len(deps if deps else changed) != 1:
+        return None
+    name = (deps or changed)[0]
+    x, y = a.get(name), b.get(name)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (x, y)):
+        return None
+    return name, 1 if y > x else -1  # type: ignore[operator]
+
+
+def continued(space: SearchSpace, before: Mapping[str, Any], after: Mapping[str, Any],
+              running: float | None = None) -> dict[str, Any] | None:
+    """The neighbour of `after` (`adjacent_points`) one more step of the move that led from
+    `before` to it: the same knob the same way (None where the move was not one ordered knob
+    or the knob is at its end)."""
+    move = moved(space, before, after)
+    if move is None:
+        return None
+    return next((p for p in adjacent_points(space, after, running)
+                 if moved(space, after, p) == move), None)
+
+
 def as_deployed(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
     """`params` with each role's DEP, instances and redundant experts those of the deployment
     they stand for (`deployment_from_params` repairs a drawn point to the GPU budget), so that

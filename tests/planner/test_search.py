@@ -374,6 +374,43 @@ def test_refinement_climbs_from_where_the_trials_stopped_to_a_planted_best(tmp_p
     assert len(finished(again)) == len(finished(refined))
 
 
+class Fewer:
+    """Throughput per GPU grows as the deployment shrinks: every instance less pays."""
+
+    def __call__(self, d):
+        return metrics(throughput=100000.0 / d.gpus_used, user=50.0)
+
+
+def test_a_refinement_move_that_pays_is_walked_on(tmp_path, monkeypatch):
+    """A round whose best neighbour drops an instance is followed by the same move again,
+    two steps at a time, until it stops paying: two rounds reach one instance a role from
+    where the trials stopped, where two rounds of neighbours alone move each knob one step."""
+    import planner.search as search
+
+    s = build_space("deepseek-r1", "h200", 128, layouts=("pd",), deps=(8,),
+                    max_num_seqs=(64,), max_num_batched_tokens=(8192,), mtp_tokens=(0,),
+                    all2all=("deepep_low_latency",))
+    # seed 3: the trials' better plan has 9 prefill and 4 decode instances
+    cfg = config(tmp_path, space=s, trials=2, startup_trials=2, refine=2, seed=3)
+
+    def run(storage, walk):
+        monkeypatch.setattr(search, "WALK", walk)
+        study = run_search(dataclasses.replace(cfg, storage=f"sqlite:///{tmp_path}/{storage}.db"),
+                           evaluate=Fewer())
+        d = load_deployment(summarize(trial_records(study)).best["deployment"])
+        return (d.prefill.instances, d.decode.instances), finished(study)
+
+    rounds, trials = run("rounds", 0)
+    assert rounds in ((8, 3), (7, 4), (9, 2))  # one knob a round
+    assert not any(t.user_attrs.get("walk") for t in trials)
+    walked, trials = run("walked", 2)
+    assert walked == (1, 1)
+    walks = [t for t in trials if t.user_attrs.get("walk")]
+    assert walks and all(t.user_attrs.get("refine") for t in walks)
+    keys = [json.dumps(r["deployment"], sort_keys=True) for r in records(trials)]
+    assert len(keys) == len(set(keys))
+
+
 class Valley:
     """Throughput grows with the decode batch limit; 90 % of users stay fast only at DEP8 with
     at most 32 sequences a rank or at DEP16 with at least 64: from the small DEP8 plans no

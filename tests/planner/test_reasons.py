@@ -123,6 +123,9 @@ def test_progress_reaches_a_log_when_stderr_is_not_a_terminal(tmp_path, monkeypa
     err = capsys.readouterr().err.splitlines()
     assert "searching: 3/3 trials" in " ".join(err)
     assert all(line.startswith("searching: ") for line in err)
+    refined = [line for line in err if "3 trials and " in line]  # the refinement's rounds
+    assert refined and all("more around the best plans" in line for line in refined)
+    assert not any("4/3" in line for line in err)
 
 
 def test_an_infeasible_search_says_what_would_make_it_feasible(tmp_path):

@@ -225,13 +225,15 @@ def what_if(page: Page, url: str, out: Path, seen: Seen, requests: int = 200) ->
 def search(page: Page, out: Path, seen: Seen, trials: int = 12, requests: int = 200,
            loads: str = "64,256") -> None:
     """Run a small Pareto search from the Search page (the CLI's default model, hardware and
-    AgentX traffic, TTFT SLO only) over two loads, so that the load curves are drawn."""
+    AgentX traffic, TTFT SLO only, no refinement rounds) over two loads, so that the load
+    curves are drawn."""
     page.get_by_role("link", name="Search").click()
     page.get_by_role("heading", name="Search").wait_for()
     settle(page)
     number(page, "Requests", requests)
     number(page, "tok/s/user p90 at least (0: none)", 0)
     number(page, "Trials", trials)
+    number(page, "Refinement rounds", 0)  # the trials alone: each simulation here takes seconds
     box = page.get_by_label(re.compile("^Search the load too"))
     box.fill(loads)
     box.press("Enter")

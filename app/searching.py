@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from app.formatting import flatten, show
+from planner import defaults
 from planner.curves import curves, user_axis
 from planner.evaluate import check_workload_fits
 from planner.load import at_load, ladder, load_kind
@@ -70,6 +71,9 @@ class SearchForm:
     """More SLOs, one NAME=VALUE per line (as `rackplan search --slo`)."""
     objective: str = "slo"
     trials: int = 30
+    refine: int = defaults.REFINE
+    """Rounds of local search around the best plan after the trials (`rackplan search
+    --refine`; 0: the trials alone)."""
     seed: int = 0
     layouts: tuple[str, ...] = LAYOUTS
     storage: str = "sqlite:///runs/rackplan.db"
@@ -95,6 +99,8 @@ def search_config(form: SearchForm) -> SearchConfig:
         raise SpecError(f"pick at least one layout: {', '.join(LAYOUTS)}")
     if form.trials < 1:
         raise SpecError(f"trials={form.trials} must be >= 1")
+    if form.refine < 0:
+        raise SpecError(f"refinement rounds={form.refine} must be >= 0 (0: the trials alone)")
     if not form.storage.strip():
         raise SpecError("storage is empty; give sqlite:///PATH, another Optuna RDB URL, or "
                         "journal:PATH")
@@ -103,7 +109,7 @@ def search_config(form: SearchForm) -> SearchConfig:
     return SearchConfig(
         space=space,
         workload=form.workload, slos=slos_of(form), objective=form.objective,
-        trials=form.trials, seed=form.seed, storage=form.storage.strip(),
+        trials=form.trials, refine=form.refine, seed=form.seed, storage=form.storage.strip(),
         study=form.study.strip() or None,
         loads=ladder(form.workload, form.loads) if form.loads.strip() else ())
 
@@ -137,6 +143,14 @@ class SearchOutcome:
         """What would make an infeasible search feasible ([] with a plan)."""
         unit = load_kind(self.config.workload).unit if self.config.loads else ""
         return advice(self.summary, self.config.loads, self.config.space.gpus, unit)
+
+
+def progress_text(done: int, total: int, best: str) -> str:
+    """A search's progress line: trials done of the drawn ones, then the refinement's and the
+    load sweep's past them (as `rackplan search` counts them), and the best plan so far."""
+    count = (f"trial {done} of {total}" if done <= total
+             else f"{total} trials and {done - total} more around the best plans")
+    return f"{count} · {best}"
 
 
 def best_text(summary: Summary) -> str:

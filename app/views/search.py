@@ -19,6 +19,7 @@ from app.searching import (
     front_points,
     has_points,
     plan_yaml,
+    progress_text,
     reason_rows,
     role_diff,
     run,
@@ -63,9 +64,14 @@ def inputs() -> Callable[[], SearchForm]:
                                   "front of throughput per GPU vs tokens/s per user")
         extra = st.text_area("More SLOs, one NAME=VALUE per line (e.g. tpot_p90_ms=50)", "",
                              key=f"{P}_extra", height=68)
-        c4, c5 = st.columns(2)
+        c4, c5, c6 = st.columns(3)
         trials = c4.number_input("Trials", 1, 10_000, 30, key=f"{P}_trials")
-        seed = c5.number_input("Sampler seed", 0, 2**31 - 1, 0, key=f"{P}_seed")
+        refine = c5.number_input("Refinement rounds", 0, 1_000, defaults.REFINE,
+                                 key=f"{P}_refine",
+                                 help="after the trials, rounds of the best plan's one-knob "
+                                      "neighbours, walked on where a move pays (as `rackplan "
+                                      "search --refine`); 0: the trials alone")
+        seed = c6.number_input("Sampler seed", 0, 2**31 - 1, 0, key=f"{P}_seed")
         layouts = st.multiselect("Layouts", list(LAYOUTS), list(LAYOUTS), key=f"{P}_layouts")
         loads = st.text_input("Search the load too (auto, or users / requests/s such as "
                               "8,16,64; empty: the workload's own)", "", key=f"{P}_loads")
@@ -80,8 +86,8 @@ def inputs() -> Callable[[], SearchForm]:
         return SearchForm(model=model, hardware=hardware, gpus=int(gpus), workload=workload,
                           ttft_p90_ms=float(ttft), tok_s_user_p90=float(user),
                           extra_slos=str(extra), objective=str(objective), trials=int(trials),
-                          seed=int(seed), layouts=tuple(layouts), storage=str(storage),
-                          study=str(study), loads=str(loads))
+                          refine=int(refine), seed=int(seed), layouts=tuple(layouts),
+                          storage=str(storage), study=str(study), loads=str(loads))
 
     return form
 
@@ -92,7 +98,7 @@ def search(form: Callable[[], SearchForm]) -> None:
         outcome = with_status(
             f"Searching {config.trials} trials",
             lambda advance: run(config, progress=lambda done, total, best: advance(
-                done / total, f"trial {done} of {total} · {best}")),
+                done / total, progress_text(done, total, best))),
             lambda o: (f"{o.summary.trials} trials, {o.summary.simulations} simulated, "
                        f"{o.summary.feasible} meet the SLOs ({o.wall_s:.1f} s)"), key=P)
         if outcome is not None:

@@ -42,6 +42,7 @@ from app.searching import (
     compare_rows,
     front_points,
     has_points,
+    progress_text,
     role_diff,
     search_config,
     slos_of,
@@ -57,6 +58,7 @@ from app.whatif import (
     sample,
     throughput_series,
 )
+from planner import defaults
 from planner.objectives import SLO
 from simulator.des import Timeline
 from simulator.eplb import identity_placement
@@ -269,6 +271,12 @@ def test_search_form() -> None:
         search_config(_form(gpus=0))
     config = search_config(_form(layouts=("pd",), trials=5, study=" mine "))
     assert config.space.layouts == ("pd",) and config.study_name() == "mine"
+    assert config.refine == defaults.REFINE  # as `rackplan search` refines
+    assert search_config(_form(refine=0)).refine == 0
+    with pytest.raises(SpecError, match="refinement rounds=-1 must be >= 0"):
+        search_config(_form(refine=-1))
+    assert progress_text(3, 12, "best 5 tok/s/GPU") == "trial 3 of 12 · best 5 tok/s/GPU"
+    assert progress_text(20, 12, "b") == "12 trials and 8 more around the best plans · b"
     from simulator.specs.workload import SessionsArrival
     with pytest.raises(SpecError, match="session turns"):  # AgentX's turns past V3's context
         search_config(_form(workload=Workload(arrival=SessionsArrival(concurrency=8),

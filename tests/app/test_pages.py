@@ -169,6 +169,9 @@ def test_search_small_run_shows_front_and_table(tmp_path: Path) -> None:
     assert "tok/s per GPU" in list(compared[""])
     plan = at.session_state["plan"]
     assert plan.origin == "the Search page" and plan.plan["predicted"]["completed"] == 200
+    searched = at.session_state["search"]
+    assert searched.config.refine == 10  # the page refines as `rackplan search` does
+    assert any(r.get("number", 0) >= 12 for r in searched.records)  # the refinement's trials
 
 
 def small_search(tmp_path: Path, **fields: Any) -> AppTest:

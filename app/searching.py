@@ -35,7 +35,7 @@ from planner.plan import (
     summarize,
     why_chosen,
 )
-from planner.search import SearchConfig, finished, records, run_search
+from planner.search import SearchConfig, finished, past_drawn, records, run_search
 from planner.space import LAYOUTS, build_space
 from planner.storage import redact
 from simulator.specs.errors import SpecError
@@ -148,9 +148,7 @@ class SearchOutcome:
 def progress_text(done: int, total: int, best: str) -> str:
     """A search's progress line: trials done of the drawn ones, then the refinement's and the
     load sweep's past them (as `rackplan search` counts them), and the best plan so far."""
-    count = (f"trial {done} of {total}" if done <= total
-             else f"{total} trials and {done - total} more around the best plans")
-    return f"{count} · {best}"
+    return f"{past_drawn(done, total) or f'trial {done} of {total}'} · {best}"
 
 
 def best_text(summary: Summary) -> str:

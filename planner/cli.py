@@ -578,6 +578,8 @@ def _search_progress(total: int) -> Iterator[Callable[[int, str], None]]:
     """A progress bar on stderr: trials done and the best plan so far (a line every
     LOG_EVERY_S when stderr is not a terminal); the trials past `total` (the refinement's and
     the load sweep's) are counted as such, not as more than all of them."""
+    from planner.search import past_drawn
+
     log = _LogLines("searching")
     with Progress(TextColumn("searching"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[best]}"), TimeElapsedColumn(),
@@ -587,9 +589,7 @@ def _search_progress(total: int) -> Iterator[Callable[[int, str], None]]:
 
         def update(done: int, best: str) -> None:
             bar.update(task, completed=done, total=max(total, done), best=best)
-            # past the drawn trials: the refinement's and the load sweep's, enqueued
-            count = (f"{done}/{total} trials" if done <= total
-                     else f"{total} trials and {done - total} more around the best plans")
+            count = past_drawn(done, total) or f"{done}/{total} trials"
             log(count + (f", {best}" if best else ""))
 
         yield update

@@ -244,6 +244,14 @@ two workers of a 2-core machine take two steps in the wall time of one; a walk t
 costs one simulation the next round would mostly have run anyway."""
 
 
+def past_drawn(done: int, drawn: int) -> str | None:
+    """How progress names `done` finished trials once they pass the `drawn` ones (the
+    refinement's and the load sweep's, enqueued after them); None while within them."""
+    if done <= drawn:
+        return None
+    return f"{drawn} trials and {done - drawn} more around the best plans"
+
+
 def near_misses(simulated: list[dict[str, Any]], best: int, objective: str,
                 most: int) -> list[int]:
     """Trial numbers of the simulated records (each deployment's first) that rank above the

@@ -413,7 +413,11 @@ def moved(space: SearchSpace, before: Mapping[str, Any],
     knobs moved, none did, or the knob has no order (the all-to-all backend, overlap). A DEP
     move carries its instances and redundant experts along (`adjacent_points`) and counts as a
     move of the DEP alone."""
-    a, b = knobs(space, before), knobs(space, after)
+    return _move(knobs(space, before), knobs(space, after))
+
+
+def _move(a: Mapping[str, Any], b: Mapping[str, Any]) -> Move | None:
+    """`moved` between two points' knobs (`knobs`)."""
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     deps = [k for k in changed if k.endswith("_dep")]
     if len(deps if deps else changed) != 1:
@@ -430,11 +434,12 @@ def continued(space: SearchSpace, before: Mapping[str, Any], after: Mapping[str,
     """The neighbour of `after` (`adjacent_points`) one more step of the move that led from
     `before` to it: the same knob the same way (None where the move was not one ordered knob
     or the knob is at its end)."""
-    move = moved(space, before, after)
+    at = knobs(space, after)
+    move = _move(knobs(space, before), at)
     if move is None:
         return None
     return next((p for p in adjacent_points(space, after, running)
-                 if moved(space, after, p) == move), None)
+                 if _move(at, knobs(space, p)) == move), None)
 
 
 def as_deployed(space: SearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:

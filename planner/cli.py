@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
@@ -229,11 +229,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.specs.deployment import check_against_model
     from simulator.specs.hardware import load_hardware
     from simulator.specs.model import load_model
-    from simulator.specs.workload import Workload
 
     deployment, planned = load_plan_or_deployment(args.deployment)
     workload = (defaults.load_workload_arg(args.workload) if args.workload
-                else planned or Workload())
+                else planned or _default_workload(deployment))
     if args.workload or planned:  # the built-in default is not the user's; check theirs
         model = load_model(deployment.model)
         load_hardware(deployment.hardware)  # the deployment's own errors come first
@@ -248,6 +247,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     _print_metrics(metrics)
     return 0
+
+
+def _default_workload(deployment: Any) -> Any:
+    """The built-in workload `simulate` runs without --workload: serve end to end, or for a
+    deck of one role alone the isolated-role mode that role runs (`ISOLATED_MODE`: a prefill
+    deck prefill_only, a decode deck decode_only), said on stderr. A decode deck is benched
+    at the batch it holds (its sequences over all ranks, at most the default's users), as
+    DecodeBenchConnector benches a decode instance at a concurrency, with
+    `defaults.BENCH_REQUESTS_PER_USER` requests a user up to the default count."""
+    from simulator.des.simulate import ISOLATED_MODE
+    from simulator.specs.workload import ClosedArrival, Workload
+
+    base = Workload()
+    alone = deployment.single_role
+    if alone is None:
+        return base
+    mode = ISOLATED_MODE[alone]
+    users = cast(ClosedArrival, base.arrival).concurrency
+    requests = base.requests
+    if mode == "decode_only":
+        role = deployment.roles[alone]
+        users = min(role.instances * (role.dep or 1) * role.max_num_seqs, users)
+        requests = min(defaults.BENCH_REQUESTS_PER_USER * users, requests)
+    print(f"the deployment has only {alone} instances: simulating the default workload in "
+          f"mode {mode}: {users:,} user{'s' * (users != 1)}, {requests:,} requests "
+          "(--workload for another)", file=sys.stderr)
+    return base.model_copy(update={"mode": mode, "arrival": ClosedArrival(concurrency=users),
+                                   "requests": requests})
 
 
 def _print_metrics(m: dict[str, Any]) -> None:
@@ -697,7 +724,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("deployment", help="deployment YAML (DESIGN.md format), or a plan.yaml")
     p.add_argument("--workload", help="workload YAML or preset name (`rackplan workloads`); "
                                       "default: a plan's own workload, else closed loop at "
-                                      "2048, 4000 requests of 2000 in / 1000 out")
+                                      "2048, 4000 requests of 2000 in / 1000 out (in mode "
+                                      "prefill_only or decode_only for a deck of one role)")
     p.add_argument("--engine-only", action="store_true",
                    help="leave out the serving stack's fitted fixed latencies (API server, P/D "
                         "handoff) and time the engine alone")

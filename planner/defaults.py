@@ -10,7 +10,7 @@ from pathlib import Path
 
 from planner.objectives import SLO
 from simulator.specs.errors import SpecError
-from simulator.specs.loading import load_workload
+from simulator.specs.loading import load_spec, load_workload, read_yaml
 from simulator.specs.workload import Workload
 
 MODEL = "deepseek-v4.1-flash"
@@ -48,10 +48,17 @@ def workload_presets() -> list[str]:
 
 
 def load_workload_arg(value: str | None) -> Workload:
-    """A workload from a YAML path or a preset name (default: the agentic preset)."""
+    """A workload from a YAML path (a workload, or a plan.yaml: its workload) or a preset name
+    (default: the agentic preset)."""
     name = value or WORKLOAD
     if Path(name).exists() or name.endswith((".yaml", ".yml")):
-        return load_workload(Path(name))
+        data = read_yaml(Path(name))
+        if isinstance(data, dict) and isinstance(data.get("deployment"), dict):  # a plan
+            if not isinstance(data.get("workload"), dict):
+                raise SpecError(f"{name}: a plan without a workload; give a workload YAML, a "
+                                f"plan that has one, or a preset: {', '.join(workload_presets())}")
+            return load_spec(Workload, data["workload"], f"{name}: workload")
+        return load_spec(Workload, data, name)
     if name not in workload_presets():
         raise SpecError(f"--workload {name!r} is neither a file nor a preset; presets: "
                         f"{', '.join(workload_presets())}")
@@ -65,3 +72,9 @@ def workers(batch: int) -> int:
     `batch` (a round evaluates no more at once)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(cores or 1, batch))
+
+
+BENCH_REQUESTS_PER_USER = 10
+"""Requests a user sends in a default isolated-role bench (`rackplan simulate` of a decode deck
+without --workload): ten, as InferenceX's client sends `--num-prompts` ten times
+`--max-concurrency` (`simulator.validate.WAVES` replays its runs so)."""

@@ -56,7 +56,28 @@ def load_spec(cls: type[M], source: Source, name: str) -> M:
     try:
         return cls.model_validate(dict(data))
     except ValidationError as exc:
+        other = other_kind(cls, data)
+        if other is not None:
+            raise SpecError(f"{where}: is a {other} spec (keys {', '.join(map(str, data))}), "
+                            f"not a {KIND_OF.get(cls, name)} spec (keys "
+                            f"{', '.join(cls.model_fields)})") from None
         raise spec_error(exc, cls, where) from None
+
+
+SPEC_KINDS: dict[str, type[BaseModel]] = {"deployment": Deployment, "workload": Workload}
+"""The spec files a user hands the commands, by the name errors call them."""
+
+KIND_OF = {cls: name for name, cls in SPEC_KINDS.items()}
+
+
+def other_kind(cls: type[BaseModel], data: Mapping[Any, Any]) -> str | None:
+    """The kind of spec `data` is when it is not a `cls` at all: none of its keys are `cls`'s
+    and all are another kind's (a workload file given for a deployment, say); else None."""
+    keys = {str(k) for k in data}
+    if not keys or keys & set(cls.model_fields):
+        return None
+    return next((name for name, kind in SPEC_KINDS.items()
+                 if kind is not cls and keys <= set(kind.model_fields)), None)
 
 
 def read_yaml(path: Path) -> Any:

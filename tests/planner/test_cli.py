@@ -164,6 +164,51 @@ def test_simulate_takes_a_workload_preset_by_name(capsys):
                           "agentic, agentx, chat")
 
 
+def test_simulate_runs_a_one_role_deck_in_its_isolated_mode(tmp_path, capsys):
+    """Without --workload a deck of one role runs the bench mode that role measures instead of
+    refusing serve: a decode deck at the batch it holds (instances x DP ranks x sequences),
+    ten requests a user; a prefill deck prefill_only at the default users. Each says so."""
+    decode = write(tmp_path, {"model": "deepseek-v3", "hardware": "h200",
+                              "decode": {"instances": 2, "dep": 8, "max_num_seqs": 4}}, "d.yaml")
+    assert main(["simulate", str(decode), "--json"]) == 0
+    out = capsys.readouterr()
+    m = json.loads(out.out)
+    assert m["completed"] == 10 * 2 * 8 * 4  # 64 users, ten requests each
+    assert m["prefill_input_tok_s_gpu"] is None and m["decode_output_tok_s_gpu"] > 0
+    assert "mode decode_only: 64 users, 640 requests" in out.err
+    prefill = write(tmp_path, {"model": "deepseek-v3", "hardware": "h200",
+                               "prefill": {"dep": 8}}, "p.yaml")
+    assert main(["simulate", str(prefill), "--json"]) == 0
+    out = capsys.readouterr()
+    m = json.loads(out.out)
+    assert m["completed"] == 4000 and m["decode_output_tok_s_gpu"] is None
+    assert "mode prefill_only: 2,048 users, 4,000 requests" in out.err
+
+
+def test_a_spec_of_the_other_kind_is_named(tmp_path):
+    """A workload file where a deployment goes (or the reverse) is one line saying which spec it
+    is, not a list of unknown keys."""
+    assert_one_line_error(run_cli("simulate", "examples/workload-chat.yaml"),
+                          "examples/workload-chat.yaml: is a workload spec", "not a deployment")
+    assert_one_line_error(run_cli("simulate", "examples/tiny-moe-cpu-agg.yaml", "--workload",
+                                  "examples/deepseek-v3-h200-dep8.yaml"),
+                          "is a deployment spec", "not a workload spec")
+
+
+def test_simulate_takes_a_plans_workload(tmp_path, capsys):
+    """--workload PLAN.yaml replays the plan's own workload (another deployment under the
+    traffic a plan was made for); a plan without one is refused in one line."""
+    plan = "examples/tiny-moe-cpu-pd.yaml"
+    assert main(["simulate", "examples/tiny-moe-cpu-agg.yaml", "--workload", plan,
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["completed"] == 8  # the plan's 8 requests
+    bare = yaml.safe_load(Path(plan).read_text())
+    del bare["workload"]
+    path = write(tmp_path, bare, "plan.yaml")
+    assert_one_line_error(run_cli("simulate", "examples/tiny-moe-cpu-agg.yaml", "--workload",
+                                  str(path)), "a plan without a workload", "agentx")
+
+
 def test_v4_config_with_a_bad_compress_ratio_is_one_line(tmp_path):
     from importlib import resources
     cfg = json.loads(resources.files("simulator.specs").joinpath(

@@ -701,7 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_workloads)
 
     p = sub.add_parser("step", help="price one engine step of one instance of a deployment")
-    p.add_argument("deployment", help="deployment YAML (DESIGN.md format)")
+    p.add_argument("deployment", help="deployment YAML (DESIGN.md format), or a plan.yaml")
     p.add_argument("--role", choices=["prefill", "decode", "aggregated"], default=None,
                    help="which role's instance to price (default: decode, else the "
                         "deployment's aggregated or prefill role)")

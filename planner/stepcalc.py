@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 
 from planner.evaluate import measured_overhead
+from planner.plan import load_plan_or_deployment
 from simulator.cost.step import Batch, step_time
 from simulator.resolve import resolve
 from simulator.specs.errors import SpecError
-from simulator.specs.loading import load_deployment
 
 DEFAULT_ROLES = ("decode", "aggregated", "prefill")
 """The role `rackplan step` prices when none is named: the first of these the deployment has."""
@@ -40,7 +40,7 @@ def step_report(deployment_path: str | Path, role: str | None, batch: int, conte
         raise SpecError(f"--context={context} must be >= 1")
     if cached < 0:
         raise SpecError(f"--cached={cached} must be >= 0")
-    dep = load_deployment(Path(deployment_path))
+    dep = load_plan_or_deployment(deployment_path)[0]
     measured = measured_overhead(dep)
     res = resolve(dep, overhead=measured)
     if role is None:

@@ -185,6 +185,19 @@ def test_simulate_runs_a_one_role_deck_in_its_isolated_mode(tmp_path, capsys):
     assert "mode prefill_only: 2,048 users, 4,000 requests" in out.err
 
 
+def test_step_prices_a_plans_deployment(tmp_path, capsys):
+    """`rackplan step PLAN.yaml` prices the plan's deployment, as `simulate` takes plans: the
+    same figures as the deployment written alone."""
+    plan = yaml.safe_load(Path("examples/tiny-moe-cpu-pd.yaml").read_text())
+    alone = write(tmp_path, plan["deployment"], "alone.yaml")
+    args = ["--role", "prefill", "--batch", "2", "--context", "64", "--json"]
+    assert main(["step", "examples/tiny-moe-cpu-pd.yaml", *args]) == 0
+    from_plan = json.loads(capsys.readouterr().out)
+    assert main(["step", str(alone), *args]) == 0
+    assert json.loads(capsys.readouterr().out) == from_plan
+    assert from_plan["total_ms"] > 0
+
+
 def test_a_spec_of_the_other_kind_is_named(tmp_path):
     """A workload file where a deployment goes (or the reverse) is one line saying which spec it
     is, not a list of unknown keys."""

@@ -8,7 +8,7 @@ Run: .venv/bin/python benchmarks/search_speed.py [--trials 200] [--storage sqlit
 
 --demo instead runs the default search (`make demo`: `rackplan search` on its built-in defaults,
 one worker) in this process on a fresh storage in a temporary folder, and prints its CPU
-seconds (this process and its children, against the issue's 30 s), the simulations, the CPU
+seconds (this process and its children, against the 30 s target), the simulations, the CPU
 they took, their engine steps and the share of steps the cost model composed (against 2 %),
 and how many of those steps' signatures were finished from a composed step with another expert
 load, and the plan it chose. --repeat N runs it N times, each in a fresh process (the step

@@ -7,7 +7,7 @@ Run: .venv/bin/python benchmarks/simulate_speed.py [--requests N] [--profile]
 
 The headline run (in this process, calibration tables loaded first and not counted) prints:
 - wall time of a first run and of a second one in the same process (kernel-table grids built);
-- CPU time: `time.process_time()` around the first `simulate`, against the issue's target of
+- CPU time: `time.process_time()` around the first `simulate`, against the target of
   1.0 s for 10,000 requests on 72 GPUs;
 - the floor: SimPy events the run processed (each one popped off the environment's queue) per
   CPU second, beside a bare SimPy loop (a few processes yielding timeouts, nothing else) of the
@@ -24,7 +24,7 @@ per case: requests completed, engine steps, SimPy events, CPU seconds of `simula
 microseconds per request, the resident set after loading the calibration and the case's peak
 resident set (the difference is the simulation's share). Below it: the CPU ratio of each 10x
 step in requests (linear: 10x) and of 4x / 16x GPUs (sub-linear: under 4x / 16x), and the
-issue's targets (10k requests on 72 GPUs <= 1.0 CPU s; 1M requests <= 60 CPU s and <= 1 GB).
+the targets (10k requests on 72 GPUs <= 1.0 CPU s; 1M requests <= 60 CPU s and <= 1 GB).
 The script reports against the targets; it asserts none. --max-requests skips the cases above
 it (1M takes minutes) and caps the GPU series' requests; --series-gpus picks GPU counts. Each
 case has a timeout (--case-timeout); a failed or timed-out case prints its reason in its row.
@@ -84,9 +84,9 @@ GPU_SERIES = (72, 288, 1152)
 """GPUs of the series at `GPU_SERIES_REQUESTS` requests."""
 GPU_SERIES_REQUESTS = 10_000
 HEADLINE_TARGET_CPU_S = 1.0
-"""The issue's target: 10k requests on 72 GPUs in at most this much simulation CPU."""
+"""The target: 10k requests on 72 GPUs in at most this much simulation CPU."""
 MILLION_TARGET_CPU_S, MILLION_TARGET_MIB = 60.0, 1024.0
-"""The issue's target for 1M requests: CPU seconds and peak memory."""
+"""The target for 1M requests: CPU seconds and peak memory."""
 
 
 # ---- measuring ---------------------------------------------------------------------------
@@ -296,7 +296,7 @@ def series(max_requests: int, gpu_counts: list[int], timeout_s: float) -> None:
 
 def scaling(done: dict[tuple[int, int], dict[str, Any]], gpu_requests: int,
             gpu_counts: list[int], max_requests: int) -> None:
-    """The CPU ratios between cases, and the issue's targets."""
+    """The CPU ratios between cases, and the targets."""
     def cpu(n: int, g: int) -> float | None:
         return done[n, g]["cpu_s"] if (n, g) in done else None
 

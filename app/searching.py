@@ -21,7 +21,6 @@ import yaml
 
 from app.formatting import flatten, show
 from planner import defaults
-from planner.curves import curves, user_axis
 from planner.evaluate import check_workload_fits
 from planner.load import at_load, ladder, load_kind
 from planner.objectives import SLO, merge_slos, metric_value, parse_slo
@@ -29,15 +28,13 @@ from planner.plan import (
     COMPARED,
     Summary,
     advice,
-    build_plan,
     compare,
     describe,
     summarize,
     why_chosen,
 )
-from planner.search import SearchConfig, finished, past_drawn, records, run_search
+from planner.search import SearchConfig, conclude, past_drawn, records, run_search
 from planner.space import LAYOUTS, build_space
-from planner.storage import redact
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import dump_workload
 from simulator.specs.model import load_model
@@ -170,17 +167,10 @@ def run(config: SearchConfig, progress: SearchProgress | None = None) -> SearchO
         if progress is not None:
             progress(done, config.trials, best_text(summarize(records(trials), config.slos)))
 
-    study = run_search(config, progress=report)
-    recs = records(finished(study))
-    summary = summarize(recs, config.slos, config.objective)
-    sweep = curves(summary, recs, config.curves, user_axis(config.slos))
-    name, storage = config.study_name(), redact(config.storage)
-    plan = None
-    if summary.best is not None:
-        plan = build_plan(summary, config.workload, config.slos, config.objective, config.seed,
-                          name, storage, sweep)
-    return SearchOutcome(config, summary, recs, plan, name, storage, ran=len(counted),
-                         wall_s=time.monotonic() - start, sweep=sweep)
+    done = conclude(run_search(config, progress=report), config)
+    return SearchOutcome(config, done.summary, done.records, done.plan, done.study,
+                         done.storage, ran=len(counted), wall_s=time.monotonic() - start,
+                         sweep=done.sweep)
 
 
 def reason_rows(summary: Summary) -> list[dict[str, Any]]:

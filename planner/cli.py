@@ -380,7 +380,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from planner.chart import check_chart_path
-    from planner.curves import curves, user_axis
     from planner.load import for_target, ladder, load_kind
     from planner.objectives import (
         goodput_slos,
@@ -392,7 +391,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     )
     from planner.plan import (
         advice,
-        build_plan,
         describe,
         standing_text,
         summarize,
@@ -400,9 +398,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         why_chosen,
         write_plan,
     )
-    from planner.search import SearchConfig, finished, records, run_search
+    from planner.search import SearchConfig, conclude, records, run_search
     from planner.space import build_space
-    from planner.storage import redact
 
     check_range("--gpus", args.gpus, 1, MAX_GPUS, "the largest cluster built")
     check_range("--trials", args.trials, 1, MAX_TRIALS)
@@ -446,15 +443,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     with _search_progress(config.trials) as update:
         study = run_search(config, progress=lambda n, trials: update(
             n, _best_text(summarize(records(trials), config.slos, config.objective))))
-    recs = records(finished(study))
-    summary = summarize(recs, config.slos, config.objective)
-    sweep = curves(summary, recs, config.curves, user_axis(config.slos))
-    name, storage = config.study_name(), redact(config.storage)
-    out = None
-    if summary.best is not None:
-        plan = build_plan(summary, config.workload, config.slos, config.objective, config.seed,
-                          name, storage, sweep)
-        out = write_plan(plan, args.out)
+    concluded = conclude(study, config)
+    summary, sweep, name, storage = (concluded.summary, concluded.sweep, concluded.study,
+                                     concluded.storage)
+    out = None if concluded.plan is None else write_plan(concluded.plan, args.out)
     if not args.json:
         _print_search(summary, config, name, storage, out)
         why = why_chosen(summary, config.objective)

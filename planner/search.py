@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -83,6 +83,9 @@ from planner.storage import (
     retry,
     study_name,
 )
+
+if TYPE_CHECKING:
+    from planner.plan import Summary
 from simulator.calibration.serving import ServingOverhead
 from simulator.specs.deployment import Deployment, Role
 from simulator.specs.errors import SpecError
@@ -276,6 +279,39 @@ def simulations(trials: list[FrozenTrial]) -> int:
 def finished(study: optuna.Study) -> list[FrozenTrial]:
     """The study's finished trials."""
     return study.get_trials(deepcopy=False, states=FINISHED)
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """What a finished search concluded, as `rackplan search` and the UI's search page show
+    it."""
+
+    records: list[dict[str, Any]]
+    """Every finished trial's record (with its number)."""
+    summary: Summary
+    sweep: dict[str, Any]
+    """The throughput-interactivity curves (`planner.curves.curves`)."""
+    study: str
+    storage: str
+    """The storage URL with any password hidden."""
+    plan: dict[str, Any] | None
+    """plan.yaml of the chosen plan; None when no plan met the SLOs."""
+
+
+def conclude(study: optuna.Study, config: SearchConfig) -> Conclusion:
+    """The finished trials of `study` summarized under `config`'s SLOs and objective, the
+    curves of its best deployments, and the plan of the best one."""
+    from planner.curves import curves, user_axis
+    from planner.plan import build_plan, summarize
+
+    recs = records(finished(study))
+    summary = summarize(recs, config.slos, config.objective)
+    sweep = curves(summary, recs, config.curves, user_axis(config.slos))
+    name, storage = config.study_name(), redact(config.storage)
+    plan = None if summary.best is None else build_plan(
+        summary, config.workload, config.slos, config.objective, config.seed, name, storage,
+        sweep)
+    return Conclusion(recs, summary, sweep, name, storage, plan)
 
 
 def make_sampler(config: SearchConfig) -> optuna.samplers.TPESampler:

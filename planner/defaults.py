@@ -52,8 +52,10 @@ def load_workload_arg(value: str | None) -> Workload:
     (default: the agentic preset)."""
     name = value or WORKLOAD
     if Path(name).exists() or name.endswith((".yaml", ".yml")):
+        from planner.plan import is_plan
+
         data = read_yaml(Path(name))
-        if isinstance(data, dict) and isinstance(data.get("deployment"), dict):  # a plan
+        if is_plan(data):
             if not isinstance(data.get("workload"), dict):
                 raise SpecError(f"{name}: a plan without a workload; give a workload YAML, a "
                                 f"plan that has one, or a preset: {', '.join(workload_presets())}")

@@ -83,15 +83,15 @@ from planner.storage import (
     retry,
     study_name,
 )
-
-if TYPE_CHECKING:
-    from planner.plan import Summary
 from simulator.calibration.serving import ServingOverhead
 from simulator.specs.deployment import Deployment, Role
 from simulator.specs.errors import SpecError
 from simulator.specs.loading import dump_deployment, dump_workload
 from simulator.specs.workload import Workload
 from simulator.workers import LazyPool
+
+if TYPE_CHECKING:
+    from planner.plan import Summary
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 REJECTED_VIOLATION = 1e3

@@ -40,6 +40,8 @@ from simulator.specs.limits import (
 from simulator.specs.paths import writable
 
 EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE, what a shell reports for a writer whose reader closed the pipe."""
 CALIBRATION_HELP = ("tables written by `rackplan calibrate --out DIR`, preferred over the shipped "
                     "ones (default: $RACKPLAN_CALIBRATION_DIR, else none)")
 
@@ -825,13 +827,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         with _calibration(args):
-            return func(args)
+            code = func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
     except SpecError as e:
         print(f"rackplan: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as e:  # a search says what it kept (planner.search.Interrupted)
         print(f"rackplan: {str(e) or 'interrupted'}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`rackplan ... | head`): stop quietly
+        quiet = os.open(os.devnull, os.O_WRONLY)  # the interpreter's own flush at exit too
+        os.dup2(quiet, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -251,6 +251,19 @@ def test_bench_from_file_prints_the_comparison_and_writes_the_reports(tmp_path, 
     assert (out / "report.json").is_file() and (out / "report.md").is_file()
 
 
+def test_bench_of_a_deployment_says_its_prediction_is_simulated_now(tmp_path, capsys):
+    """A deployment YAML holds no prediction: the predicted column is a simulation now, and the
+    first line says so (not "the plan's own")."""
+    deck = tmp_path / "deck.yaml"
+    deck.write_text(yaml.safe_dump(yaml.safe_load(TINY_PD.read_text())["deployment"]))
+    out = tmp_path / "out"
+    assert main(["bench", str(deck), "--from-file", str(write_result(tmp_path / "r.json")),
+                 "--out", str(out)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == (f"prediction: simulated now: {deck} holds no prediction, so under the "
+                     "built-in workload (closed loop at 2048, 2000 in / 1000 out)")
+
+
 @pytest.mark.parametrize(("content", "needle"), [
     (None, "result.json: no such file"),
     ("{not json", "result.json is not JSON (Expecting property name"),

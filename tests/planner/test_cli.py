@@ -198,6 +198,23 @@ def test_step_prices_a_plans_deployment(tmp_path, capsys):
     assert from_plan["total_ms"] > 0
 
 
+@pytest.mark.parametrize(("args", "code"), [
+    (("models", "--json"), 141),  # print: ours, SIGPIPE's 128 + 13
+    (("models",), 1),  # a rich table: rich's own quiet exit
+])
+def test_a_reader_that_goes_away_ends_the_command_quietly(args, code):
+    """`rackplan ... | head` whose reader closes the pipe first: a non-zero exit and no
+    traceback on stderr (the JSON printer had one)."""
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "planner.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the CLI has written anything (its imports take longer)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == code, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
 def test_a_spec_of_the_other_kind_is_named(tmp_path):
     """A workload file where a deployment goes (or the reverse) is one line saying which spec it
     is, not a list of unknown keys."""

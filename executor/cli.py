@@ -447,9 +447,16 @@ def prediction_source(plan_path: Path, calibration: str | None = None) -> str:
     data = read_yaml(plan_path)
     if isinstance(data, dict) and isinstance(data.get("predicted"), dict):
         return "the plan's own"
-    what = "its workload" if is_plan(data) and isinstance(data.get("workload"), dict) else (
-        "the built-in workload (closed loop at 2048, 2000 in / 1000 out)")
-    return f"simulated now: {plan_path} holds no prediction, so under {what}"
+    if is_plan(data) and isinstance(data.get("workload"), dict):
+        return f"simulated now: {plan_path} holds no prediction, so under its workload"
+    import json
+
+    from simulator.specs.workload import Workload
+
+    w = Workload().model_dump(mode="json", include={"arrival", "requests", "input_tokens",
+                                                     "output_tokens"})
+    return (f"simulated now: {plan_path} holds no prediction, so under the built-in workload "
+            f"{json.dumps(w, separators=(', ', ': '))}")
 
 
 def _prompts(args: argparse.Namespace) -> int | None:

@@ -290,6 +290,33 @@ def served_model(url: str, timeout_s: float = 10.0) -> str:
         raise BenchError(f"{url}/v1/models did not name a model ({exc})") from None
 
 
+def _stored_prediction(data: Any, repredict: bool) -> dict[str, Any] | None:
+    """The prediction a plan.yaml's parsed `data` holds, which `load_prediction` compares
+    against; None where it holds none or `repredict` asks for a new one."""
+    predicted = data.get("predicted") if isinstance(data, dict) and not repredict else None
+    return predicted if isinstance(predicted, dict) else None
+
+
+def prediction_source(plan_path: Path, calibration: str | None = None) -> str:
+    """Where `load_prediction` takes the predicted column of a bench of `plan_path` from: the
+    tables of `calibration` (simulated now), the plan's own prediction, or, for a file without
+    one, a simulation now of its workload (the built-in one for a bare deployment)."""
+    from planner.plan import is_plan
+    from simulator.specs.loading import read_yaml
+
+    if calibration is not None:
+        return f"simulated now with the tables in {calibration}"
+    data = read_yaml(plan_path)
+    if _stored_prediction(data, repredict=False) is not None:
+        return "the plan's own"
+    if is_plan(data) and isinstance(data.get("workload"), dict):
+        return f"simulated now: {plan_path} holds no prediction, so under its workload"
+    w = Workload().model_dump(mode="json", include={"arrival", "requests", "input_tokens",
+                                                     "output_tokens"})
+    return (f"simulated now: {plan_path} holds no prediction, so under the built-in workload "
+            f"{json.dumps(w, separators=(', ', ': '))}")
+
+
 def load_prediction(plan_path: Path, repredict: bool = False) -> tuple[
         Any, Workload, dict[str, Any]]:
     """(deployment, workload, predicted metrics) of a plan.yaml; a deployment YAML without a
@@ -300,9 +327,8 @@ def load_prediction(plan_path: Path, repredict: bool = False) -> tuple[
 
     deployment, workload = load_plan_or_deployment(plan_path)
     workload = workload or Workload()
-    data = read_yaml(plan_path)
-    predicted = data.get("predicted") if isinstance(data, dict) and not repredict else None
-    if not isinstance(predicted, dict):
+    predicted = _stored_prediction(read_yaml(plan_path), repredict)
+    if predicted is None:
         from planner.evaluate import calibration_for, sim_options
         from simulator.des import simulate
 

@@ -427,36 +427,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except LaunchError as e:  # bench's BenchError among them
             print(f"rackplan: error: {e}", file=sys.stderr)
             return EXIT_LAUNCH_FAILED
+    from executor.bench import prediction_source
+
     print(f"prediction: {prediction_source(Path(args.plan), args.calibration)}")
     print(report.table())
     for path in report.paths:
         print(f"report: {path}")
     return 0
-
-
-def prediction_source(plan_path: Path, calibration: str | None = None) -> str:
-    """Where the predicted column of a bench of `plan_path` comes from, as `load_prediction`
-    takes it: the tables of `calibration` (simulated now), the plan's own prediction, or, for a
-    deployment without one, a simulation now of its workload (the built-in one for a bare
-    deployment)."""
-    from planner.plan import is_plan
-    from simulator.specs.loading import read_yaml
-
-    if calibration is not None:
-        return f"simulated now with the tables in {calibration}"
-    data = read_yaml(plan_path)
-    if isinstance(data, dict) and isinstance(data.get("predicted"), dict):
-        return "the plan's own"
-    if is_plan(data) and isinstance(data.get("workload"), dict):
-        return f"simulated now: {plan_path} holds no prediction, so under its workload"
-    import json
-
-    from simulator.specs.workload import Workload
-
-    w = Workload().model_dump(mode="json", include={"arrival", "requests", "input_tokens",
-                                                     "output_tokens"})
-    return (f"simulated now: {plan_path} holds no prediction, so under the built-in workload "
-            f"{json.dumps(w, separators=(', ', ': '))}")
 
 
 def _prompts(args: argparse.Namespace) -> int | None:

@@ -6,7 +6,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -293,8 +292,9 @@ def test_bench_runs_against_the_local_router_and_prints_predicted_vs_measured(
                     num_prompts=num_prompts)
         return Report()
 
-    monkeypatch.setitem(sys.modules, "executor.bench",
-                        types.SimpleNamespace(run_bench=run_bench))
+    import executor.bench
+
+    monkeypatch.setattr(executor.bench, "run_bench", run_bench)
     assert main(["bench", str(PD), "--out", str(tmp_path / "b")]) == 0
     assert seen == {"plan": PD, "url": "http://127.0.0.1:8099", "run_dir": tmp_path / "b",
                     "repredict": False, "num_prompts": None}

@@ -155,3 +155,35 @@ def test_grid_cells_counts_rows_and_points_by_cell(tmp_path, capsys, monkeypatch
     assert "3 bits, step level, decode rows: 2 in 1 cells (2.00 a cell)" in out
     assert "3 bits, step level, prefill rows: 1 in 1 cells" in out
     assert "operation dsv41_indexer:" in out
+
+
+def test_vllm_gb300_blog_prints_every_figure_with_its_error_and_command(tmp_path):
+    import json
+
+    import pytest
+    import yaml
+
+    from simulator.specs.deployment import Deployment
+    from simulator.specs.workload import Workload
+
+    blog = load_script("vllm_gb300_blog")
+    assert blog.error(2.0, (2.0, 2.0)) == 0.0 and blog.error(1.0, (2.0, 2.0)) == -0.5
+    assert blog.error(1.12, (1.10, 1.15)) == 0.0  # anywhere inside a published range
+    assert blog.error(2.3, (1.5, 2.0)) == 2.3 / 2.0 - 1
+    assert blog.error(1.2, (1.5, 2.0)) == pytest.approx(-0.2)
+    got = json.loads(run("benchmarks/vllm_gb300_blog.py", "--json"))
+    rows = got["figures"]
+    assert len(rows) == len(blog.FIGURES) == 10
+    for r in rows:
+        assert r["command"].startswith("rackplan simulate ")
+        assert r["predicted"] and all(v > 0 for v in r["predicted"])
+        assert r["rel_error"] == [blog.error(v, tuple(r["published"])) for v in r["predicted"]]
+    # the commands' files: every deployment and workload they name, as rackplan reads them
+    run("benchmarks/vllm_gb300_blog.py", "--decks", str(tmp_path))
+    named = {w for r in rows for w in r["command"].split() if w.endswith(".yaml")}
+    for name in named - {"mixed-cN.yaml", "short-cN.yaml"}:
+        text = (tmp_path / name).read_text()
+        spec = Workload if "arrival" in text else Deployment
+        spec.model_validate(yaml.safe_load(text))
+    assert sorted(p.name for p in tmp_path.glob("mixed-c*.yaml")) == sorted(
+        f"mixed-c{c}.yaml" for c in blog.MIXED_LOADS)

@@ -82,7 +82,15 @@ NCCL_OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
 
 GEMM_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"], "fp4": ["nvfp4"]}
 MOE_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"],
-              "fp4": ["nvfp4", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4"]}
+              "fp4": ["nvfp4", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4", "int4_wo"]}
+WEIGHT_ONLY_INT4 = "int4_wo"
+"""MoE rows of INT4 weights with 16-bit activations (w4a16, Kimi-K2.5's native checkpoint).
+On hardware without fp4 tensor cores (Hopper) 4-bit experts run a weight-only kernel whatever
+their format, as w4a16_mxfp4 does, so there they take these rows for a shape only they
+measured (`_exact_int4`): H200's vLLM table measures 4-bit weights on Kimi's shape only as
+int4_wo (0.47 ms at 64 tokens, TP8), where a transfer from gpt-oss's mxfp4 shape put 0.52 ms
+with a step from 48 to 64 tokens the measurement does not have. Where fp4 is native
+(Blackwell), 4-bit experts mean its fp4 kernels and these rows are left out."""
 KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4"}
 MLA_GEMM = {"bf16": "bfloat16", "fp8": "fp8_block", "fp4": "fp8_block"}
 FALLBACK = {"fp4": "fp8", "fp8": "bf16"}
@@ -381,6 +389,22 @@ def _rows_dtype(rows: pd.DataFrame, col: str, table: dict[str, list[str]]) -> st
     of the fp4 roofline) rather than its latency."""
     got = rows[col].iloc[0] if len(rows) else None
     return next((ours for ours, names in table.items() if got in names), "bf16")
+
+
+def _exact_int4(rows: pd.DataFrame, shape: dict[str, float], native_fp4: bool) -> pd.DataFrame:
+    """Of one dtype level's MoE rows, the WEIGHT_ONLY_INT4 ones alone where only they measured
+    `shape` (hidden, inter, top-k, experts) on hardware without `native_fp4`, else the others
+    alone."""
+    int4 = (rows.moe_dtype == WEIGHT_ONLY_INT4).to_numpy()
+    if not int4.any():
+        return rows
+    if native_fp4:
+        return rows[~int4]
+    exact = np.ones(len(rows), dtype=bool)
+    for col, value in shape.items():
+        exact &= rows[col].to_numpy() == value
+    only_int4 = (exact & int4).any() and not (exact & ~int4).any()
+    return rows[int4 if only_int4 else ~int4]
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -717,13 +741,15 @@ class Calibration:
         """
         hw = self.hardware
 
+        shape: dict[str, float] = {"hidden_size": hidden, "inter_size": inter, "topk": topk,
+                                   "num_experts": experts}
+
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             rows, floor = self._pick_dtype(df[(df.moe_tp_size == 1) | (df.moe_ep_size == 1)],
                                            "moe_dtype", MOE_DTYPES, dtype)
+            rows = _exact_int4(rows, shape, "fp4" in hw.peak_tflops)
             dist = "balanced" if (rows.distribution == "balanced").any() else "power_law_1.01"
-            rows, f2 = self._nearest(rows[rows.distribution == dist], {
-                "hidden_size": hidden, "inter_size": inter, "topk": topk,
-                "num_experts": experts})
+            rows, f2 = self._nearest(rows[rows.distribution == dist], shape)
             return rows, max(floor, f2)
 
         def roof(r: pd.DataFrame) -> np.ndarray:
@@ -746,11 +772,13 @@ class Calibration:
         hw = self.hardware
         op = "moe_wideep_generation" if low_latency else "moe_wideep_context"
 
+        shape: dict[str, float] = {"hidden_size": hidden, "inter_size": inter, "topk": topk,
+                                   "num_experts": experts}
+
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             rows, floor = self._pick_dtype(df, "moe_dtype", MOE_DTYPES, dtype)
-            rows, f2 = self._nearest(rows[rows.distribution == "uniform"], {
-                "hidden_size": hidden, "inter_size": inter, "topk": topk,
-                "num_experts": experts})
+            rows = _exact_int4(rows, shape, "fp4" in hw.peak_tflops)
+            rows, f2 = self._nearest(rows[rows.distribution == "uniform"], shape)
             return rows, max(floor, f2)
 
         def roof(r: pd.DataFrame) -> np.ndarray:

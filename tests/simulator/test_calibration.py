@@ -71,6 +71,29 @@ def test_moe_is_measured_for_deepseek_shape_and_grows_with_tokens(h200):
     assert np.all(np.diff(got.ms) > 0)
 
 
+def _moe_rows(system: str, dtype: str) -> pd.DataFrame:
+    """The vLLM MoE table's balanced rows of Kimi-K2.5's shape (7168, 2048, top 8 of 384) at
+    TP8 in `dtype`."""
+    df = pd.read_parquet(aic_system_dir(system) / "moe" / "vllm" / "0.24.0" / "moe_perf.parquet")
+    return df[(df.moe_dtype == dtype) & (df.hidden_size == 7168) & (df.inter_size == 2048)
+              & (df.num_experts == 384) & (df.topk == 8) & (df.moe_tp_size == 8)
+              & (df.moe_ep_size == 1) & (df.distribution == "balanced")]
+
+
+def test_four_bit_experts_on_hopper_take_the_weight_only_int4_measurement_of_their_shape(h200):
+    # Hopper runs 4-bit experts weight-only; only int4_wo measured Kimi's shape there
+    rows = _moe_rows("h200_sxm", "int4_wo")
+    want = rows[rows.num_tokens == 64].latency.min()
+    got = h200.moe(64.0, 7168, 2048, 8, 384, 1, "fp4", tp=8)
+    assert got.source == "measured" and got.ms[0] == want
+    # where fp4 is native, 4-bit experts are its fp4 kernels, never the weight-only rows
+    b200 = load_calibration(load_hardware("b200"), "vllm")
+    native = _moe_rows("b200_sxm", "nvfp4")
+    got = b200.moe(64.0, 7168, 2048, 8, 384, 1, "fp4", tp=8)
+    assert got.source == "measured"
+    assert got.ms[0] == native[native.num_tokens == 64].latency.min()
+
+
 def test_mla_decode_module_grows_with_context(h200):
     short = h200.mla_generation(128.0, 1024.0, 128, DSV3_MLA, "fp8", "fp8")
     long = h200.mla_generation(128.0, 16384.0, 128, DSV3_MLA, "fp8", "fp8")

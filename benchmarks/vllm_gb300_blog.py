@@ -7,10 +7,10 @@ The blog serves DeepSeek-R1-0528 and DeepSeek-V3.2 with NVFP4 weights on two GB3
 `--max-num-batched-tokens` 32768 (R1) or 20480 (V3.2), and measures with `vllm bench serve`
 (random dataset, 1,000 prompts, `--ignore-eos`) at a fixed `--max-concurrency`: prefill-only
 (2,048 prompt tokens, 1 output token; total tokens/s per GPU) and mixed (2,048 in, 1,024 or 64
-out; output tokens/s per GPU). Where it is silent, the line says what is assumed: fp8 KV (the
-NVFP4 checkpoints' KV quantisation), vLLM's default 1,024 running requests, EP2's token budget
-the same as TP2's, its default all-to-all for aggregated EP (allgather_reducescatter), no MTP;
-a mixed figure is the peak over the concurrencies 64-1,024 (the blog gives no concurrency).
+out; output tokens/s per GPU). Where it is silent, this assumes: fp8 KV (the blog names no KV
+dtype), vLLM's default 1,024 running requests, EP2's token budget the same as TP2's, its
+default all-to-all for aggregated EP (allgather_reducescatter), no MTP; a mixed figure is the
+peak over the concurrencies 64-1,024 (the blog gives no concurrency).
 
 Ratios (EP2 / TP2, R1 / V3.2, GB300 / B300) compare two of rackplan's own runs, as the blog
 compares two of its own; a published range counts as met anywhere inside it.

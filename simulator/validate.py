@@ -51,8 +51,8 @@ CONFIG_ALIASES = {
     "zhipuai/GLM-5": "zai-org/GLM-5",
 }
 """Measured model names whose config.json ships under another name (same architecture)."""
-WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "fp4", "fp4": "fp4",
-           "bf16": "bf16", "int4": "fp4"}
+WEIGHTS = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4", "int4_wo": "int4", "fp4": "fp4",
+           "bf16": "bf16", "int4": "int4"}
 
 EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 

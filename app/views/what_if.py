@@ -102,7 +102,7 @@ def inputs() -> tuple[DeploymentKnobs, Callable[[], Workload]]:
         model, hardware = model_and_hardware(P)
         c1, c2 = st.columns(2)
         engine = c1.selectbox("Engine tables", ["vllm", "sglang", "trtllm"], key=f"{P}_engine")
-        weights = c2.selectbox("Weights", ["fp8", "bf16", "fp4"], key=f"{P}_weights")
+        weights = c2.selectbox("Weights", ["fp8", "bf16", "fp4", "int4"], key=f"{P}_weights")
         c3, c4 = st.columns(2)
         kv = c3.selectbox("KV cache", ["fp8", "bf16", "fp4"], key=f"{P}_kv")
         indexer = c4.selectbox("Indexer cache", ["fp8", "fp4"], key=f"{P}_indexer",

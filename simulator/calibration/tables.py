@@ -30,7 +30,7 @@ from simulator.specs.attention import DSV4, DSV4_ENTRY_BYTES, INDEXER_KEY_BYTES
 from simulator.specs.attention import kind as kind_of
 from simulator.specs.deployment import SM100_HARDWARE
 from simulator.specs.errors import SpecError
-from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec, load_hardware
+from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec, dense_dtype, load_hardware
 from simulator.specs.memo import per_object
 from simulator.specs.model import load_model
 from simulator.specs.topology import all_to_all_rate
@@ -82,18 +82,20 @@ NCCL_OPS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
 
 GEMM_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"], "fp4": ["nvfp4"]}
 MOE_DTYPES = {"bf16": ["bfloat16"], "fp8": ["fp8_block", "fp8"],
-              "fp4": ["nvfp4", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4", "int4_wo"]}
+              "fp4": ["nvfp4", "w4a8_mxfp4_mxfp8", "w4a16_mxfp4", "int4_wo"],
+              "int4": ["int4_wo"]}
 WEIGHT_ONLY_INT4 = "int4_wo"
-"""MoE rows of INT4 weights with 16-bit activations (w4a16, Kimi-K2.5's native checkpoint).
-On hardware without fp4 tensor cores (Hopper) 4-bit experts run a weight-only kernel whatever
-their format, as w4a16_mxfp4 does, so there they take these rows for a shape only they
-measured (`_exact_int4`): H200's vLLM table measures 4-bit weights on Kimi's shape only as
-int4_wo (0.47 ms at 64 tokens, TP8), where a transfer from gpt-oss's mxfp4 shape put 0.52 ms
-with a step from 48 to 64 tokens the measurement does not have. Where fp4 is native
+"""MoE rows of INT4 weights with 16-bit activations (w4a16, Kimi-K2.5's native checkpoint):
+`weights: int4` experts' own rows. On hardware without fp4 tensor cores (Hopper) 4-bit experts
+run a weight-only kernel whatever their format, as w4a16_mxfp4 does, so there `fp4` experts
+too take these rows for a shape only they measured (`_exact_int4`): H200's vLLM table
+measures 4-bit weights on Kimi's shape only as int4_wo (0.47 ms at 64 tokens, TP8), where a
+transfer from gpt-oss's mxfp4 shape put 0.52 ms with a step from 48 to 64 tokens the
+measurement does not have. Where fp4 is native
 (Blackwell), 4-bit experts mean its fp4 kernels and these rows are left out."""
 KV_DTYPES = {"bf16": "bfloat16", "fp8": "fp8", "fp4": "nvfp4"}
 MLA_GEMM = {"bf16": "bfloat16", "fp8": "fp8_block", "fp4": "fp8_block"}
-FALLBACK = {"fp4": "fp8", "fp8": "bf16"}
+FALLBACK = {"int4": "fp4", "fp4": "fp8", "fp8": "bf16"}
 """When no row has a dtype, price with the next dtype's efficiency: its measured time over its own
 roofline, applied to the asked dtype's roofline (flagged extrapolated)."""
 
@@ -382,12 +384,16 @@ def _measured_kv(kv_dtype: str) -> tuple[str, int]:
     return ("fp8", EXTRAPOLATED) if kv_dtype == "fp4" else (kv_dtype, 0)
 
 
-def _rows_dtype(rows: pd.DataFrame, col: str, table: dict[str, list[str]]) -> str:
+def _rows_dtype(rows: pd.DataFrame, col: str, table: dict[str, list[str]],
+                asked: str | None = None) -> str:
     """Our name for the dtype the rows were measured in (the rows one `_pick_dtype` level
-    keeps share it). Their roofline takes this dtype, not the one asked for, so that a dtype
-    transfer carries the kernel's efficiency (a fallback fp8 row prices fp4 at fp8's fraction
-    of the fp4 roofline) rather than its latency."""
+    keeps share it): `asked` where its own rows are these (int4_wo is INT4's and, on Hopper,
+    fp4's). Their roofline takes this dtype, not the one asked for, so that a dtype transfer
+    carries the kernel's efficiency (a fallback fp8 row prices fp4 at fp8's fraction of the fp4
+    roofline) rather than its latency."""
     got = rows[col].iloc[0] if len(rows) else None
+    if asked is not None and got in table.get(asked, ()):
+        return asked
     return next((ours for ours, names in table.items() if got in names), "bf16")
 
 
@@ -706,8 +712,10 @@ class Calibration:
     # ---- operations --------------------------------------------------------------------------
 
     def gemm(self, m: np.ndarray | float, n: int, k: int, dtype: str) -> Priced:
-        """Dense GEMM [m, k] x [k, n] in a weight dtype (bf16, fp8, fp4)."""
+        """Dense GEMM [m, k] x [k, n] in a weight dtype (bf16, fp8, fp4; int4 deployments'
+        dense layers are bf16: `dense_dtype`)."""
         hw = self.hardware
+        dtype = dense_dtype(dtype)
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             return self._pick_dtype(df, "gemm_dtype", GEMM_DTYPES, dtype)
@@ -747,7 +755,8 @@ class Calibration:
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             rows, floor = self._pick_dtype(df[(df.moe_tp_size == 1) | (df.moe_ep_size == 1)],
                                            "moe_dtype", MOE_DTYPES, dtype)
-            rows = _exact_int4(rows, shape, "fp4" in hw.peak_tflops)
+            if dtype == "fp4":
+                rows = _exact_int4(rows, shape, "fp4" in hw.peak_tflops)
             dist = "balanced" if (rows.distribution == "balanced").any() else "power_law_1.01"
             rows, f2 = self._nearest(rows[rows.distribution == dist], shape)
             return rows, max(floor, f2)
@@ -755,7 +764,7 @@ class Calibration:
         def roof(r: pd.DataFrame) -> np.ndarray:
             return rf.moe(hw, r.num_tokens, r.hidden_size.to_numpy(), r.inter_size.to_numpy(),
                           r.topk.to_numpy(), r.num_experts.to_numpy(), r.moe_ep_size,
-                          _rows_dtype(r, "moe_dtype", MOE_DTYPES), r.moe_tp_size.to_numpy())
+                          _rows_dtype(r, "moe_dtype", MOE_DTYPES, dtype), r.moe_tp_size.to_numpy())
 
         grid = self._grid(("moe", hidden, inter, topk, experts, dtype), "moe", select,
                           ["num_tokens", "moe_ep_size", "moe_tp_size"], roof)
@@ -777,14 +786,15 @@ class Calibration:
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             rows, floor = self._pick_dtype(df, "moe_dtype", MOE_DTYPES, dtype)
-            rows = _exact_int4(rows, shape, "fp4" in hw.peak_tflops)
+            if dtype == "fp4":
+                rows = _exact_int4(rows, shape, "fp4" in hw.peak_tflops)
             rows, f2 = self._nearest(rows[rows.distribution == "uniform"], shape)
             return rows, max(floor, f2)
 
         def roof(r: pd.DataFrame) -> np.ndarray:
             return rf.moe(hw, r.num_tokens, r.hidden_size.to_numpy(), r.inter_size.to_numpy(),
                           r.topk.to_numpy(), r.num_experts.to_numpy(), r.moe_ep_size,
-                          _rows_dtype(r, "moe_dtype", MOE_DTYPES))
+                          _rows_dtype(r, "moe_dtype", MOE_DTYPES, dtype))
 
         grid = self._grid((op, hidden, inter, topk, experts, dtype), op, select,
                           ["num_tokens", "moe_ep_size"], roof)
@@ -1417,7 +1427,7 @@ class Calibration:
         lat = (m.kv_lora_rank + m.qk_rope_head_dim) * DTYPE_BYTES[inst.kv_cache]
         idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
         hw = self.hardware
-        weights = "bf16" if inst.weights == "bf16" else "fp8"
+        weights = "bf16" if dense_dtype(inst.weights) == "bf16" else "fp8"
 
         def roof(b: Any, n: Any, p: Any, h: Any) -> np.ndarray:
             params = shared + indexer + np.asarray(h, dtype=float) * per_head
@@ -1428,8 +1438,8 @@ class Calibration:
                 index_dim=m.index_head_dim, entry_bytes=lat, index_bytes=idx, weights=weights)
 
         key = (op, m.architecture, m.hidden, inst.kv_cache, inst.weights, inst.indexer_cache)
-        return self._sparse(op, key, m, inst.kv_cache, MLA_GEMM[inst.weights], context, batch,
-                            new, past, heads, roof)
+        return self._sparse(op, key, m, inst.kv_cache, MLA_GEMM[dense_dtype(inst.weights)],
+                            context, batch, new, past, heads, roof)
 
     def mega_moe(self, tokens: np.ndarray | float, hidden: int, inter: int, topk: int,
                  experts: int, ep: int, dtype: str, decode: bool, gb_s: float) -> Priced:

@@ -48,7 +48,8 @@ class Precision(Spec):
     model_config = _SPEC
 
     weights: Dtype = "fp8"
-    """Weight dtype: bf16, fp8, or fp4 (NVFP4/MXFP4 MoE) (default fp8)."""
+    """Weight dtype: bf16, fp8, fp4 (NVFP4/MXFP4 MoE), or int4 (weight-only INT4 routed experts
+    with bf16 other layers, as Kimi-K2.5's native checkpoint) (default fp8)."""
     kv_cache: Literal["bf16", "fp8", "fp4"] = "fp8"
     """KV-cache dtype: bf16, fp8, or fp4 (default fp8)."""
     indexer_cache: Literal["fp8", "fp4"] = "fp8"

@@ -8,9 +8,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.specs.errors import SpecError
 
-Dtype = Literal["bf16", "fp8", "fp4"]
-DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
-"""Bytes per element as stored; fp4 counts its block scales (NVFP4: one fp8 scale per 16)."""
+Dtype = Literal["bf16", "fp8", "fp4", "int4"]
+DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625, "int4": 0.5625}
+"""Bytes per element as stored; fp4 counts its block scales (NVFP4: one fp8 scale per 16), int4
+its group scales (Kimi-K2.5's compressed-tensors checkpoint: one bf16 scale per 32)."""
+
+WEIGHT_ONLY: dict[str, str] = {"int4": "bf16"}
+"""Weight dtypes whose kernels compute in another dtype: INT4 weight-only (w4a16) GEMMs
+dequantize to bf16 and run at bf16's rate. An INT4 checkpoint quantizes only its routed
+experts; its other layers are served in that dtype (`dense_dtype`)."""
+
+
+def dense_dtype(weights: str) -> str:
+    """The dtype of a deployment's layers other than its routed experts, for pricing: bf16 for
+    weight-only INT4 (WEIGHT_ONLY), else the weights' own."""
+    return WEIGHT_ONLY.get(weights, weights)
 
 
 class HardwareSpec(BaseModel):
@@ -53,7 +65,7 @@ class HardwareSpec(BaseModel):
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype; a dtype the hardware lacks runs at the best it has below it."""
-        for d in (dtype, "fp8", "bf16"):
+        for d in (WEIGHT_ONLY.get(dtype, dtype), "fp8", "bf16"):
             if d in self.peak_tflops:
                 return self.peak_tflops[d] * 1e12
         raise SpecError(f"hardware {self.name!r} has no peak rate for {dtype!r}")

@@ -313,11 +313,13 @@ class ModelSpec(BaseModel):
 
         bf16: everything 2 bytes. fp8: linear layers 1 byte, embedding / lm_head / router bf16.
         fp4: routed experts in 4-bit (NVFP4/MXFP4 incl. block scales), other linears fp8.
-        Routed experts are never wider than the checkpoint stores them (`expert_dtype`).
+        int4: routed experts in weight-only INT4 (incl. group scales), other linears bf16, as
+        Kimi-K2.5's native checkpoint stores them. Routed experts are never wider than the
+        checkpoint stores them (`expert_dtype`).
         """
         if weights not in DTYPE_BYTES:
             raise SpecError(f"weights={weights!r} is not one of {', '.join(DTYPE_BYTES)}")
-        linear = DTYPE_BYTES["bf16" if weights == "bf16" else "fp8"]
+        linear = DTYPE_BYTES["fp8" if weights in ("fp8", "fp4") else "bf16"]
         experts = min(DTYPE_BYTES[weights], DTYPE_BYTES[self.expert_dtype or weights])
         per_byte: dict[Component, float] = {
             "embedding": 2.0, "lm_head": 2.0, "router": 2.0, "attention": linear, "mhc": 2.0,

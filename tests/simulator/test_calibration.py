@@ -94,6 +94,20 @@ def test_four_bit_experts_on_hopper_take_the_weight_only_int4_measurement_of_the
     assert got.ms[0] == native[native.num_tokens == 64].latency.min()
 
 
+def test_int4_weights_take_the_int4_rows_everywhere_and_bf16_for_their_dense_layers():
+    # Kimi-K2.5's INT4 checkpoint on Blackwell: its experts as int4_wo measured them, not nvfp4
+    b200 = load_calibration(load_hardware("b200"), "vllm")
+    rows = _moe_rows("b200_sxm", "int4_wo")
+    got = b200.moe(64.0, 7168, 2048, 8, 384, 1, "int4", tp=8)
+    assert got.source == "measured"
+    assert got.ms[0] == rows[rows.num_tokens == 64].latency.min()
+    assert got.ms[0] > b200.moe(64.0, 7168, 2048, 8, 384, 1, "fp4", tp=8).ms[0]
+    # its dense layers are bf16, computed at bf16's rate
+    assert b200.gemm(256.0, 7168, 2048, "int4").ms[0] == b200.gemm(256.0, 7168, 2048, "bf16").ms[0]
+    hw = load_hardware("b200")
+    assert hw.peak_flops("int4") == hw.peak_flops("bf16")
+
+
 def test_mla_decode_module_grows_with_context(h200):
     short = h200.mla_generation(128.0, 1024.0, 128, DSV3_MLA, "fp8", "fp8")
     long = h200.mla_generation(128.0, 16384.0, 128, DSV3_MLA, "fp8", "fp8")

@@ -136,7 +136,7 @@ def test_bound_error() -> None:
 
 def test_literal_error_lists_choices() -> None:
     msg = error(with_(PD, precision={"weights": "int3"}))
-    assert msg == "deployment: precision.weights='int3' is not one of bf16, fp8, fp4"
+    assert msg == "deployment: precision.weights='int3' is not one of bf16, fp8, fp4, int4"
     msg = error(with_(PD, decode={"dep": 8, "all2all_backend": "nccl"}))
     assert "'nccl'" in msg and "deepep_low_latency" in msg
 

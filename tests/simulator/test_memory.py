@@ -134,3 +134,12 @@ def test_a_rank_holds_its_share_of_each_kinds_cache_the_kinds_own_way():
                                    + gdn.state_bytes(m) * linear) / (per_rank_token * 2))
     assert cost < whole  # the state is a smaller share of a rank than of the model
     assert R1.kv_token_cost("fp8", split=8) is float  # MLA: every token alike, one way
+
+
+def test_int4_weights_are_4_bit_experts_beside_bf16_layers():
+    # Kimi-K2.5's native checkpoint: INT4 routed experts with a bf16 scale per 32, the rest bf16
+    params, got = R1.params(), R1.weight_bytes("int4")
+    assert got["routed_experts"] == pytest.approx(params["routed_experts"] * (0.5 + 2 / 32))
+    assert got["attention"] == pytest.approx(params["attention"] * 2.0)
+    assert got["shared_experts"] == pytest.approx(params["shared_experts"] * 2.0)
+    assert R1.weight_bytes("fp4")["attention"] == pytest.approx(params["attention"] * 1.0)

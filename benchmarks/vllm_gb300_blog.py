@@ -153,39 +153,41 @@ def _cmd(server: Server, what: str) -> str:
     return f"rackplan simulate {server.name}.yaml --workload {what}.yaml --json"
 
 
+def _prefill_ratio(name: str, published: tuple[float, float], over: tuple[Server, int],
+                   under: tuple[Server, int], note: str) -> Figure:
+    """A figure of one prefill-only run (server, concurrency) over another's."""
+    (a, ca), (b, cb) = over, under
+    return Figure(name, published, lambda: prefill(a, ca) / prefill(b, cb),
+                  f"{_cmd(a, f'prefill-c{ca}')}; {_cmd(b, f'prefill-c{cb}')}", note)
+
+
+SHORT_CMD = f"{_cmd(R1_TP2, 'short-cN')}; {_cmd(R1_EP2, 'short-cN')}"
+"""The runs of the TP2-against-EP2 figures at 64 output tokens."""
+
+
 FIGURES = (
     Figure("R1 EP2 prefill-only, c=256: total tok/s/GPU", (22476, 22476),
            lambda: prefill(R1_EP2, 256), _cmd(R1_EP2, "prefill-c256"),
            "EP2's budget assumed TP2's 32,768"),
-    Figure("R1 EP2 / TP2 prefill-only ceiling (c=256)", (1.10, 1.15),
-           lambda: prefill(R1_EP2, 256) / prefill(R1_TP2, 256),
-           f"{_cmd(R1_EP2, 'prefill-c256')}; {_cmd(R1_TP2, 'prefill-c256')}",
-           "the blog: EP2's peak ~10-15 % above TP2's"),
+    _prefill_ratio("R1 EP2 / TP2 prefill-only ceiling (c=256)", (1.10, 1.15), (R1_EP2, 256),
+                   (R1_TP2, 256), "the blog: EP2's peak ~10-15 % above TP2's"),
     Figure("V3.2 TP2 prefill-only, c=64: total tok/s/GPU", (7360, 7360),
            lambda: prefill(V32_TP2, 64), _cmd(V32_TP2, "prefill-c64")),
-    Figure("R1 EP2 / V3.2 TP2 prefill-only", (3.0, 3.0),
-           lambda: prefill(R1_EP2, 256) / prefill(V32_TP2, 64),
-           f"{_cmd(R1_EP2, 'prefill-c256')}; {_cmd(V32_TP2, 'prefill-c64')}",
-           "the blog: R1's prefill ~3x V3.2's"),
-    Figure("GB300 / B300 prefill-only per GPU (R1 TP2, c=256)", (1.14, 1.14),
-           lambda: prefill(R1_TP2, 256) / prefill(R1_TP2_B300, 256),
-           f"{_cmd(R1_TP2, 'prefill-c256')}; {_cmd(R1_TP2_B300, 'prefill-c256')}",
-           "the blog's layout for it assumed TP2"),
+    _prefill_ratio("R1 EP2 / V3.2 TP2 prefill-only", (3.0, 3.0), (R1_EP2, 256), (V32_TP2, 64),
+                   "the blog: R1's prefill ~3x V3.2's"),
+    _prefill_ratio("GB300 / B300 prefill-only per GPU (R1 TP2, c=256)", (1.14, 1.14),
+                   (R1_TP2, 256), (R1_TP2_B300, 256), "the blog's layout for it assumed TP2"),
     Figure("R1 EP2 mixed 2K/1K: peak output tok/s/GPU", (3072, 3072),
            lambda: peak_output(R1_EP2), _cmd(R1_EP2, "mixed-cN"),
            "peak over concurrency 64-1,024", lambda: peak_at(R1_EP2)),
     Figure("V3.2 TP2 mixed 2K/1K: peak output tok/s/GPU", (2816, 2816),
            lambda: peak_output(V32_TP2), _cmd(V32_TP2, "mixed-cN"),
            "peak over concurrency 64-1,024", lambda: peak_at(V32_TP2)),
-    Figure("R1 TP2 / EP2 at 2K/64: TTFT", (0.5, 0.5), lambda: short_ratios("ttft"),
-           f"{_cmd(R1_TP2, 'short-cN')}; {_cmd(R1_EP2, 'short-cN')}",
+    Figure("R1 TP2 / EP2 at 2K/64: TTFT", (0.5, 0.5), lambda: short_ratios("ttft"), SHORT_CMD,
            "the blog: TP2 improves TTFT by ~50 %; at c=32/128/512"),
-    Figure("R1 TP2 / EP2 at 2K/64: output tok/s", (1.05, 1.20),
-           lambda: short_ratios("output"),
-           f"{_cmd(R1_TP2, 'short-cN')}; {_cmd(R1_EP2, 'short-cN')}",
-           "the blog: TP2 serves 5-20 % more; at c=32/128/512"),
-    Figure("R1 TP2 / EP2 at 2K/64: TPOT", (1.5, 2.0), lambda: short_ratios("tpot"),
-           f"{_cmd(R1_TP2, 'short-cN')}; {_cmd(R1_EP2, 'short-cN')}",
+    Figure("R1 TP2 / EP2 at 2K/64: output tok/s", (1.05, 1.20), lambda: short_ratios("output"),
+           SHORT_CMD, "the blog: TP2 serves 5-20 % more; at c=32/128/512"),
+    Figure("R1 TP2 / EP2 at 2K/64: TPOT", (1.5, 2.0), lambda: short_ratios("tpot"), SHORT_CMD,
            "the blog: TP2's TPOT 50 % to 2x worse; at c=32/128/512"),
 )
 

@@ -30,7 +30,13 @@ from simulator.specs.attention import DSV4, DSV4_ENTRY_BYTES, INDEXER_KEY_BYTES
 from simulator.specs.attention import kind as kind_of
 from simulator.specs.deployment import SM100_HARDWARE
 from simulator.specs.errors import SpecError
-from simulator.specs.hardware import DTYPE_BYTES, HardwareSpec, dense_dtype, load_hardware
+from simulator.specs.hardware import (
+    DTYPE_BYTES,
+    HardwareSpec,
+    dense_dtype,
+    linear_dtype,
+    load_hardware,
+)
 from simulator.specs.memo import per_object
 from simulator.specs.model import load_model
 from simulator.specs.topology import all_to_all_rate
@@ -397,14 +403,16 @@ def _rows_dtype(rows: pd.DataFrame, col: str, table: dict[str, list[str]],
     return next((ours for ours, names in table.items() if got in names), "bf16")
 
 
-def _exact_int4(rows: pd.DataFrame, shape: dict[str, float], native_fp4: bool) -> pd.DataFrame:
-    """Of one dtype level's MoE rows, the WEIGHT_ONLY_INT4 ones alone where only they measured
-    `shape` (hidden, inter, top-k, experts) on hardware without `native_fp4`, else the others
-    alone."""
+def _exact_int4(rows: pd.DataFrame, dtype: str, shape: dict[str, float],
+                hw: HardwareSpec) -> pd.DataFrame:
+    """Of the MoE rows one `_pick_dtype` level keeps for `dtype`: for fp4 experts, the
+    WEIGHT_ONLY_INT4 ones alone where only they measured `shape` (hidden, inter, top-k,
+    experts) on `hw` without fp4 tensor cores, else the others alone; the rows as they are for
+    any other dtype."""
     int4 = (rows.moe_dtype == WEIGHT_ONLY_INT4).to_numpy()
-    if not int4.any():
+    if dtype != "fp4" or not int4.any():
         return rows
-    if native_fp4:
+    if "fp4" in hw.peak_tflops:
         return rows[~int4]
     exact = np.ones(len(rows), dtype=bool)
     for col, value in shape.items():
@@ -755,8 +763,7 @@ class Calibration:
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             rows, floor = self._pick_dtype(df[(df.moe_tp_size == 1) | (df.moe_ep_size == 1)],
                                            "moe_dtype", MOE_DTYPES, dtype)
-            if dtype == "fp4":
-                rows = _exact_int4(rows, shape, "fp4" in hw.peak_tflops)
+            rows = _exact_int4(rows, dtype, shape, hw)
             dist = "balanced" if (rows.distribution == "balanced").any() else "power_law_1.01"
             rows, f2 = self._nearest(rows[rows.distribution == dist], shape)
             return rows, max(floor, f2)
@@ -786,8 +793,7 @@ class Calibration:
 
         def select(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             rows, floor = self._pick_dtype(df, "moe_dtype", MOE_DTYPES, dtype)
-            if dtype == "fp4":
-                rows = _exact_int4(rows, shape, "fp4" in hw.peak_tflops)
+            rows = _exact_int4(rows, dtype, shape, hw)
             rows, f2 = self._nearest(rows[rows.distribution == "uniform"], shape)
             return rows, max(floor, f2)
 
@@ -844,6 +850,7 @@ class Calibration:
     def _mla(self, op: str, batch: np.ndarray | float, length: np.ndarray | float, heads: int,
              shape: dict[str, int], weights: str, kv_dtype: str) -> Priced:
         hw = self.hardware
+        weights = dense_dtype(weights)  # an int4 checkpoint's attention is bf16
         context = op == "mla_context"
         axis = "isl" if context else "step"
 
@@ -1427,7 +1434,7 @@ class Calibration:
         lat = (m.kv_lora_rank + m.qk_rope_head_dim) * DTYPE_BYTES[inst.kv_cache]
         idx = INDEXER_KEY_BYTES[inst.indexer_cache](m.index_head_dim)
         hw = self.hardware
-        weights = "bf16" if dense_dtype(inst.weights) == "bf16" else "fp8"
+        weights = linear_dtype(inst.weights)
 
         def roof(b: Any, n: Any, p: Any, h: Any) -> np.ndarray:
             params = shared + indexer + np.asarray(h, dtype=float) * per_head

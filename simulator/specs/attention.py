@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from simulator.specs.errors import SpecError
-from simulator.specs.hardware import DTYPE_BYTES, dense_dtype
+from simulator.specs.hardware import DTYPE_BYTES, linear_dtype
 
 if TYPE_CHECKING:
     from simulator.calibration import Calibration, Priced
@@ -216,20 +216,18 @@ class MLA(AttentionKind):
         m = inst.model
         heads = max(m.num_attention_heads // inst.tp, 1)
         return {"module": cal.mla_generation(queries, self.attended(m, context), heads,
-                                             self.shape(m), dense_dtype(inst.weights),
-                                             inst.kv_cache)}
+                                             self.shape(m), inst.weights, inst.kv_cache)}
 
     def prefill(self, cal: Calibration, inst: Instance, requests: np.ndarray,
                 new: np.ndarray, past: np.ndarray) -> dict[str, Priced]:
         m = inst.model
         heads = max(m.num_attention_heads // inst.tp, 1)
         shape = self.shape(m)
-        p = cal.mla_context(requests, new, heads, shape, dense_dtype(inst.weights), inst.kv_cache)
+        p = cal.mla_context(requests, new, heads, shape, inst.weights, inst.kv_cache)
         out = {"module": p}
         if (past > 0).any():  # the chunk also attends to the prefix: add its core cost
             seff = effective_isl(new, past)
-            longer = cal.mla_context(requests, seff, heads, shape, dense_dtype(inst.weights),
-                                     inst.kv_cache)
+            longer = cal.mla_context(requests, seff, heads, shape, inst.weights, inst.kv_cache)
             core = 2 * m.num_attention_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim) * seff / 2
             share = core / (core + 2 * self.params(m))
             extra = np.where(past > 0, np.maximum(longer.ms - p.ms, 0.0) * share, 0.0)
@@ -275,8 +273,8 @@ class DSA(MLA):
         # MLA tables: the core reads at most top-k latents, so no dense prefix term.
         m = inst.model
         heads = max(m.num_attention_heads // inst.tp, 1)
-        return {"module": cal.mla_context(requests, new, heads, self.shape(m),
-                                          dense_dtype(inst.weights), inst.kv_cache)}
+        return {"module": cal.mla_context(requests, new, heads, self.shape(m), inst.weights,
+                                          inst.kv_cache)}
 
 
 # ---- DeepSeek-V4 compressed attention -------------------------------------------------------
@@ -528,8 +526,7 @@ class CSA2(AttentionKind):
 
         m = inst.model
         tokens = batch * new
-        # V4's module tables: fp8 blocks
-        dtype = "bf16" if dense_dtype(inst.weights) == "bf16" else "fp8"
+        dtype = linear_dtype(inst.weights)  # V4's module tables: fp8 blocks
         h, d = m.hidden, m.head_dim
         # attention TP shards the heads and the output groups; the input's projections and
         # the indexer's stay whole on every rank

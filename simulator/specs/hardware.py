@@ -25,6 +25,12 @@ def dense_dtype(weights: str) -> str:
     return WEIGHT_ONLY.get(weights, weights)
 
 
+def linear_dtype(weights: str) -> str:
+    """The dtype a checkpoint stores its linear layers besides the routed experts in: bf16 for
+    bf16 and weight-only INT4 checkpoints, else fp8 (block-scaled, fp4 checkpoints' too)."""
+    return "bf16" if dense_dtype(weights) == "bf16" else "fp8"
+
+
 class HardwareSpec(BaseModel):
     """One accelerator kind and the network it sits in."""
 

@@ -28,7 +28,7 @@ from simulator.specs.attention import (
 )
 from simulator.specs.attention import kind as attention_kind
 from simulator.specs.errors import SpecError
-from simulator.specs.hardware import DTYPE_BYTES
+from simulator.specs.hardware import DTYPE_BYTES, linear_dtype
 from simulator.specs.memo import per_object
 
 Component = Literal["embedding", "attention", "mhc", "dense_mlp", "routed_experts",
@@ -319,7 +319,7 @@ class ModelSpec(BaseModel):
         """
         if weights not in DTYPE_BYTES:
             raise SpecError(f"weights={weights!r} is not one of {', '.join(DTYPE_BYTES)}")
-        linear = DTYPE_BYTES["fp8" if weights in ("fp8", "fp4") else "bf16"]
+        linear = DTYPE_BYTES[linear_dtype(weights)]
         experts = min(DTYPE_BYTES[weights], DTYPE_BYTES[self.expert_dtype or weights])
         per_byte: dict[Component, float] = {
             "embedding": 2.0, "lm_head": 2.0, "router": 2.0, "attention": linear, "mhc": 2.0,

@@ -416,15 +416,63 @@ def pd_recipe(row: pd.Series, role: str) -> PdRecipe | None:
     return PD_RECIPES.get((note.split(";")[0], int(config), int(row.isl), role))
 
 
+VLLM_TP_ONLY_RUNS: tuple[tuple[str, str], ...] = (
+    ("moonshotai/Kimi-K2.5", "2026-04-20"),
+)
+"""vLLM aggregated runs that passed `--tensor-parallel-size` alone, whatever their columns say:
+(model, last day measured). InferenceX's Kimi-K2.5 scripts on vLLM
+(benchmarks/single_node/kimik2.5_fp4_b200.sh, and the B300 one added 2026-04-17) passed no
+expert- or data-parallel flag through 2026-04-20, so the configuration's `{tp: 4, ep: 4}`
+ran as TP4 with every expert split over the four GPUs. The file records those runs as tp_size 4
+with moe_ep_size 4, and again (the same measurements, digit for digit: ids "..._tp4_ep4")
+as attention_dp_size 4 with moe_ep_size 16. Rows without a measured day belong to them."""
+
+VLLM_DP_RUNS: frozenset[tuple[str, str, int, int, str]] = frozenset({
+    ("MiniMaxAI/MiniMax-M2.5", "b200_sxm", 1024, 256, "2026-04-22"),
+    ("MiniMaxAI/MiniMax-M2.5", "b200_sxm", 1024, 512, "2026-04-22"),
+    ("MiniMaxAI/MiniMax-M2.5", "b200_sxm", 1024, 1024, "2026-04-22"),
+    ("MiniMaxAI/MiniMax-M2.5", "b300_sxm", 1024, 256, "2026-04-21"),
+    ("MiniMaxAI/MiniMax-M2.5", "b300_sxm", 1024, 512, "2026-04-21"),
+    ("MiniMaxAI/MiniMax-M2.5", "b300_sxm", 1024, 1024, "2026-04-21"),
+    ("MiniMaxAI/MiniMax-M2.5", "b300_sxm", 1024, 2048, "2026-04-21"),
+    ("MiniMaxAI/MiniMax-M2.5", "b300_sxm", 8192, 512, "2026-04-21"),
+})
+"""The vLLM aggregated runs that ran attention DP: (model, system, ISL, concurrency, day
+measured). vLLM rows recording tp_size = attention_dp_size = N with moe_ep_size = N x N are
+otherwise TP N with expert parallelism: InferenceX's MiniMax-M2.5 fp8 scripts (B200, B300,
+H100) pass `--tensor-parallel-size N --enable-expert-parallel` and read no DP setting, and its
+nvfp4 scripts run `--tensor-parallel-size 1 --data-parallel-size N --enable-expert-parallel`
+only where the configuration of the day sets `dp-attn: true` (.github/configs/nvidia-master.yaml:
+`minimaxm2.5-fp4-b200-vllm` and `-b300-vllm`, TP2 x EP2 at 1K/1K from 256 users on 2026-04-21
+and -22, and at 8K/1K 512 users on -21). The other 89 rows of that shape are TP runs."""
+
+
+def _vllm_agg_parallel(row: pd.Series, tp: Any, dp: Any, ep: Any) -> tuple[Any, Any, Any]:
+    """(tp, attention DP, EP) an aggregated vLLM row's recipe ran, from its columns read
+    through VLLM_TP_ONLY_RUNS and VLLM_DP_RUNS."""
+    day = str(row.get("measured_day", "") or "")
+    if any(row.model_path == model and day <= last for model, last in VLLM_TP_ONLY_RUNS):
+        return tp, 1, 1
+    n = int(_num(tp, 1) or 1)
+    recorded_dp = n > 1 and _num(dp, 1) == n and _num(ep, 1) == n * n
+    if recorded_dp and (row.model_path, row.system, int(row.isl), int(_num(row.concurrency)),
+                        day) not in VLLM_DP_RUNS:
+        return tp, 1, n
+    return tp, dp, ep
+
+
 def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurrency: float,
               moe: bool, drafts: bool = False) -> RoleSpec:
     """One role's layout from its columns (`prefix` is "", "prefill_" or "decode_")."""
     tp, dp = row[f"{prefix}tp_size"], row[f"{prefix}attention_dp_size"]
+    ep = row[f"{prefix}moe_ep_size"]
     pd_run = pd_recipe(row, name) if name != "aggregated" else None
     if pd_run is not None and pd_run.attention_dp and _num(dp, 1) <= 1:
         tp, dp = 1, tp
+    if name == "aggregated" and row.backend == "vllm":
+        tp, dp, ep = _vllm_agg_parallel(row, tp, dp, ep)
     role = _role(name, row.backend, tp, dp, row[f"{prefix}moe_tp_size"],
-                 row[f"{prefix}moe_ep_size"], instances, concurrency, float(row.isl), moe,
+                 ep, instances, concurrency, float(row.isl), moe,
                  recv_interval(row.backend, row.system, name, concurrency, row.model_path),
                  drafts)
     if pd_run is not None:

@@ -346,15 +346,29 @@ def test_attention_dp_written_as_tp_times_ep_is_read_as_the_node_it_ran_on(rows)
 
 
 
-def test_vllm_attention_dp_rows_run_on_the_gpus_their_ids_name(rows):
-    """vLLM rows whose ids read tp4_ep4 record tp_size 4, attention_dp_size 4 and moe_ep_size
-    16: InferenceX's recipe ran them as `--data-parallel-size 4 --tensor-parallel-size 1` on
-    4 GPUs, so the instance is DEP4 (one request a rank at 4 users), not 4 ranks of TP4."""
-    rid = "2026_04_06_kimi_k2_5_b200_sxm_vllm_fp4_agg_8192x1024_c4_tp4_ep4_1301"
-    row = rows[rows.id == rid].iloc[0]
-    assert (row.tp_size, row.attention_dp_size, row.moe_ep_size) == (4, 4, 16)
-    agg = case_from_row(row).deployment.aggregated
-    assert agg is not None and agg.dep == 4 and agg.tp in (None, 1) and agg.max_num_seqs == 1
+def _layout(rows: pd.DataFrame, rid: str) -> tuple[int | None, int | None, bool]:
+    """(DEP size, TP, experts spread) of an aggregated row as validate deploys it."""
+    agg = case_from_row(rows[rows.id == rid].iloc[0]).deployment.aggregated
+    assert agg is not None
+    return agg.dep, agg.tp, bool(agg.enable_expert_parallel)
+
+
+def test_vllm_rows_recorded_as_attention_dp_run_the_parallelism_their_recipes_passed(rows):
+    """vLLM rows recording tp_size = attention_dp_size = N and moe_ep_size N x N ran as their
+    InferenceX scripts of the day passed them: Kimi-K2.5's `--tensor-parallel-size 4` alone
+    (the same measurement is recorded again as tp4 with moe_ep_size 4), MiniMax-M2.5 fp8's
+    TP with `--enable-expert-parallel`; DP attention only in the nvfp4 runs whose configuration
+    set dp-attn (the same 8K/1K point at 512 users ran TP2 x EP2 on 2026-04-17, DEP2 on -21)."""
+    kimi = rows[rows.id == "2026_04_06_kimi_k2_5_b200_sxm_vllm_fp4_agg_8192x1024_c4_tp4_ep4_1301"]
+    assert tuple(kimi[["tp_size", "attention_dp_size", "moe_ep_size"]].iloc[0]) == (4, 4, 16)
+    assert _layout(rows, kimi.id.iloc[0]) == (None, 4, False)
+    twin = ("kimi_k2_5_gap_analysis_kimi_k2_5_gap_analysis_b200_sxm_vllm_fp4_agg_1024x1024_c4"
+            "_tp4_ep4_3")
+    assert _layout(rows, twin) == (None, 4, False)
+    fp8 = "2026_04_06_minimax_m2_5_h100_sxm_vllm_fp8_agg_1024x1024_c4_tp4_ep4_1357"
+    assert _layout(rows, fp8) == (None, 4, True)
+    assert _layout(rows, "minimaxm2_5_b300_vllm_fp4_agg_8192x1024_c512_cfg726") == (None, 2, True)
+    assert _layout(rows, "minimaxm2_5_b300_vllm_fp4_agg_8192x1024_c512_cfg727")[0] == 2
 
 
 def test_rows_keep_the_kv_cache_dtype_their_recipes_ran(rows):

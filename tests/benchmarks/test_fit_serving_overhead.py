@@ -98,11 +98,14 @@ def test_a_dep_row_runs_its_users_over_its_dp_ranks():
     from simulator.validate import load_rows
 
     rows = load_rows()
-    dep = rows[rows.id == ("2026_04_06_minimax_m2_5_b200_sxm_vllm_fp8_agg_1024x1024_c64_tp4_ep4_"
-                           "1392")]
+    dep = rows[rows.id == "minimaxm2_5_b300_vllm_fp4_agg_1024x1024_c2048_cfg727"]
     tp = rows[rows.id == "minimaxm2_5_b200_vllm_fp8_agg_1024x1024_c64_cfg634"]
-    assert fit.requests_per_rank(dep.iloc[0]) == 16.0  # DEP4: 64 users on 4 ranks
+    # recorded as attention DP 4, run by its script as TP4 with expert parallelism
+    tp_ep = rows[rows.id == ("2026_04_06_minimax_m2_5_b200_sxm_vllm_fp8_agg_1024x1024_c64_tp4_ep4_"
+                             "1392")]
+    assert fit.requests_per_rank(dep.iloc[0]) == 1024.0  # DEP2: 2,048 users on 2 ranks
     assert fit.requests_per_rank(tp.iloc[0]) == 64.0
+    assert fit.requests_per_rank(tp_ep.iloc[0]) == 64.0
 
 
 def test_the_pd_time_per_request_is_read_within_each_deployment(monkeypatch):

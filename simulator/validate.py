@@ -128,10 +128,11 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
         # for ids that read "tp8_ep8", on single 8-GPU nodes): DEP over moe_tp GPUs.
         dp = mtp
     elif tp > 1 and dp == tp and mtp <= 1 and ep == tp * dp:
-        # vLLM's attention-DP rows (tp_size = attention_dp_size = N, moe_ep_size = N x N, ids
-        # that read "tpN_epN"): InferenceX's vLLM recipes run DP attention on their N GPUs as
-        # `--tensor-parallel-size 1 --data-parallel-size N --enable-expert-parallel`, so the
-        # instance is DEP N, not N DP ranks of TP N.
+        # vLLM rows written tp_size = attention_dp_size = N, moe_ep_size = N x N (ids that
+        # read "tpN_epN") that did run DP attention (VLLM_DP_RUNS; `_vllm_agg_parallel` reads
+        # the others as the TP runs they were): `--tensor-parallel-size 1
+        # --data-parallel-size N --enable-expert-parallel` on N GPUs, so the instance is DEP N,
+        # not N DP ranks of TP N.
         tp = 1
     if instances is None or (isinstance(instances, float) and math.isnan(instances)):
         raise SpecError(UNDESCRIBED)

@@ -127,13 +127,6 @@ def _role(name: str, engine: str, tp: float, dp: float, moe_tp: float, moe_ep: f
         # Attention-DP rows written the same way (attention_dp_size 64 = moe_tp 8 x moe_ep 8
         # for ids that read "tp8_ep8", on single 8-GPU nodes): DEP over moe_tp GPUs.
         dp = mtp
-    elif tp > 1 and dp == tp and mtp <= 1 and ep == tp * dp:
-        # vLLM rows written tp_size = attention_dp_size = N, moe_ep_size = N x N (ids that
-        # read "tpN_epN") that did run DP attention (VLLM_DP_RUNS; `_vllm_agg_parallel` reads
-        # the others as the TP runs they were): `--tensor-parallel-size 1
-        # --data-parallel-size N --enable-expert-parallel` on N GPUs, so the instance is DEP N,
-        # not N DP ranks of TP N.
-        tp = 1
     if instances is None or (isinstance(instances, float) and math.isnan(instances)):
         raise SpecError(UNDESCRIBED)
     n = int(instances)
@@ -450,16 +443,18 @@ and -22, and at 8K/1K 512 users on -21). The other 89 rows of that shape are TP 
 
 def _vllm_agg_parallel(row: pd.Series, tp: Any, dp: Any, ep: Any) -> tuple[Any, Any, Any]:
     """(tp, attention DP, EP) an aggregated vLLM row's recipe ran, from its columns read
-    through VLLM_TP_ONLY_RUNS and VLLM_DP_RUNS."""
+    through VLLM_TP_ONLY_RUNS and VLLM_DP_RUNS. Rows written tp_size = attention_dp_size = N,
+    moe_ep_size = N x N (ids that read "tpN_epN") ran on N GPUs: DEP N where VLLM_DP_RUNS lists
+    them (`--tensor-parallel-size 1 --data-parallel-size N --enable-expert-parallel`), TP N
+    with expert parallelism otherwise; never N DP ranks of TP N."""
     day = str(row.get("measured_day", "") or "")
     if any(row.model_path == model and day <= last for model, last in VLLM_TP_ONLY_RUNS):
         return tp, 1, 1
     n = int(_num(tp, 1) or 1)
-    recorded_dp = n > 1 and _num(dp, 1) == n and _num(ep, 1) == n * n
-    if recorded_dp and (row.model_path, row.system, int(row.isl), int(_num(row.concurrency)),
-                        day) not in VLLM_DP_RUNS:
-        return tp, 1, n
-    return tp, dp, ep
+    if not (n > 1 and _num(dp, 1) == n and _num(ep, 1) == n * n):
+        return tp, dp, ep
+    run = (row.model_path, row.system, int(row.isl), int(_num(row.concurrency)), day)
+    return (1, n, ep) if run in VLLM_DP_RUNS else (tp, 1, n)
 
 
 def _row_role(row: pd.Series, prefix: str, name: str, instances: float, concurrency: float,
